@@ -1,0 +1,69 @@
+"""What a step's action receives, and what it may return."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from attrs import define, field, frozen
+
+from ._errors import Cancelled, StepTimeout
+from ._host import HostOps
+from ._requests import Request
+from ._spec import Spec, Step
+
+
+@frozen
+class Skipped:
+    """Returned by an action that had nothing to do (say, CUDA steps for a process without CUDA)."""
+
+    reason: str
+
+
+@define
+class StepContext:
+    """The request, the facts earlier steps recorded, the step's deadline and cancellation.
+
+    Actions poll `check()` in long waits so that timeouts and cancellation stop them promptly,
+    and `record()` facts as soon as they exist (a PID right after a spawn) so that a resumed or
+    compensating machine can find what they made even if the step never returns.
+    """
+
+    request: Request
+    spec: Spec
+    step: Step
+    workdir: Path
+    host: HostOps
+    deadline: float
+    _facts: dict[str, Any]
+    _cancel: threading.Event
+    _record: Callable[[dict[str, Any]], None]
+    compensating: bool = False
+    log: list[str] = field(factory=list)
+
+    @property
+    def facts(self) -> Mapping[str, Any]:
+        return MappingProxyType(self._facts)
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def remaining(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+    def check(self) -> None:
+        """Raises if the operation was cancelled or the step ran out of time."""
+        if self._cancel.is_set() and not self.compensating:
+            raise Cancelled(f"step '{self.step.name}' was cancelled")
+        if time.monotonic() > self.deadline:
+            raise StepTimeout(f"step '{self.step.name}' ran past {self.step.timeout_s:g} s")
+
+    def record(self, **facts: Any) -> None:
+        """Journals facts now, before the step ends."""
+        self._facts.update(facts)
+        self._record(facts)

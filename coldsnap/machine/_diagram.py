@@ -1,0 +1,55 @@
+"""Mermaid diagrams and step tables generated from the specs, for docs/state-machines.md."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ._spec import Spec, Transition
+
+_HEADER = """# State machines
+
+Generated from `coldsnap/machine/_specs.py` by `coldsnap docs`; a test fails when this file is
+stale. Each operation is a linear sequence of steps (guarded steps run only for the provider they
+name). Any step's failure, timeout or cancellation moves the machine to `compensating`, which runs
+the failed step's compensation and then those of the completed steps in reverse order, each
+exactly once, ending in `rolled_back` (or `failed` if a compensation fails too). `on interrupt`
+says what a machine resuming a journal does with a step that started but never ended.
+"""
+
+
+def _label(t: Transition) -> str:
+    guards = [c.removeprefix("guard_") for c in t.conditions]
+    guards += [f"not {c.removeprefix('guard_')}" for c in t.unless]
+    return t.trigger + (f" [{', '.join(guards)}]" if guards else "")
+
+
+def mermaid(spec: Spec) -> str:
+    graph = spec.graph()
+    lines = ["stateDiagram-v2", f"    [*] --> {graph.initial}"]
+    lines += [f"    {t.source} --> {t.dest}: {_label(t)}" for t in graph.transitions]
+    lines += [f"    {state} --> [*]" for state in graph.states if state in graph.terminal]
+    return "\n".join(lines)
+
+
+def step_table(spec: Spec) -> str:
+    rows = [
+        "| # | step | action | compensation | guard | on interrupt | timeout | what it does |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for number, step in enumerate(spec.steps, 1):
+        comp = f"`{step.compensation}`" if step.compensation else (
+            f"none: {step.no_compensation}" if step.no_compensation else "none (no side effect)"
+        )
+        rows.append(
+            f"| {number} | `{step.name}` | `{step.action}` | {comp} | {step.when or ''} | "
+            f"{step.on_interrupt} | {step.timeout_s:g} s | {step.doc} |"
+        )
+    return "\n".join(rows)
+
+
+def document(specs: Iterable[Spec]) -> str:
+    parts = [_HEADER]
+    for spec in specs:
+        parts.append(f"## {spec.name}\n\n{spec.doc}\n\n{step_table(spec)}\n")
+        parts.append(f"```mermaid\n{mermaid(spec)}\n```\n")
+    return "\n".join(parts)

@@ -1,0 +1,82 @@
+"""Receipts (what an operation did, step by step, with timings) and step events."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from attrs import field, frozen
+
+Outcome = Literal["done", "rolled_back", "failed"]
+RECEIPT_NAME = "receipt.json"
+
+
+@frozen(kw_only=True)
+class StepRecord:
+    """One step's (or compensation's) result: done, skipped, failed, compensated, ..."""
+
+    name: str
+    status: str
+    seconds: float
+    detail: str = ""
+
+
+@frozen(kw_only=True)
+class Receipt:
+    """The result of one capture or restore. `outcome` is terminal: done, rolled_back or failed
+    (failed means a compensation failed too, and `compensations` says which)."""
+
+    operation: str
+    spec: str
+    outcome: Outcome
+    steps: tuple[StepRecord, ...]
+    compensations: tuple[StepRecord, ...] = ()
+    facts: dict[str, Any] = field(factory=dict)
+    error: str | None = None
+    seconds: float = 0.0
+    resumed: bool = False
+    workdir: str = ""
+    format: int = 1
+    kind: str = "coldsnap.receipt"
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "done"
+
+    def timings(self) -> dict[str, float]:
+        return {s.name: s.seconds for s in self.steps}
+
+    def write(self, workdir: Path) -> Path:
+        from ._convert import unstructure
+
+        return write_json_atomic(workdir / RECEIPT_NAME, unstructure(self))
+
+
+@frozen(kw_only=True)
+class StepEvent:
+    """Delivered to subscribers as a run progresses."""
+
+    operation: str
+    spec: str
+    step: str
+    phase: str
+    seconds: float = 0.0
+    detail: str = ""
+
+
+def write_json_atomic(path: Path, data: Any) -> Path:
+    """tmp + fsync + rename, so a reader sees the old file or the new one, never a part."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

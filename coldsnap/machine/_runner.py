@@ -1,0 +1,364 @@
+"""Runs a spec on `transitions`: one step at a time, journaled, compensating on any failure.
+
+Order of work for each step: journal `step_start`, call the action in a worker thread under the
+step's timeout, journal `step_end` (or `step_fail`). On a failure, cancellation or timeout the
+machine moves to `compensating` and runs, exactly once each, the failed step's compensation (a
+step may fail half-way, so compensations are idempotent) and then those of the completed steps
+in reverse order; it ends in `rolled_back`, or `failed` if a compensation failed too.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from transitions import Machine as _Transitions
+from transitions import MachineError
+
+from ._context import Skipped, StepContext
+from ._errors import IllegalTransition, StepTimeout
+from ._host import HostOps
+from ._journal import Journal, Replay
+from ._receipt import Receipt, StepEvent, StepRecord
+from ._requests import Request
+from ._spec import (
+    ADVANCE,
+    COMPENSATED,
+    COMPENSATING,
+    COMPENSATION_FAILED,
+    DONE,
+    FAIL,
+    FAILED,
+    GUARDS,
+    ROLLED_BACK,
+    Spec,
+    Step,
+    guard_condition,
+)
+
+log = logging.getLogger("coldsnap.machine")
+Subscriber = Callable[[StepEvent], None]
+
+
+class _Model:
+    """The object `transitions` drives; the spec's guards are offered as its methods."""
+
+    state: str
+
+    def __init__(self, request: Request) -> None:
+        for guard, predicate in GUARDS.items():
+            setattr(self, guard_condition(guard), functools.partial(predicate, request))
+
+
+class SpecMachine:
+    """A spec's graph on `transitions` for one request: fire triggers, read the state."""
+
+    def __init__(self, spec: Spec, request: Request, state: str | None = None) -> None:
+        graph = spec.graph()
+        self.spec = spec
+        self._model = _Model(request)
+        self._machine = _Transitions(
+            model=self._model,
+            states=list(graph.states),
+            initial=state or graph.initial,
+            transitions=[
+                {
+                    "trigger": t.trigger, "source": t.source, "dest": t.dest,
+                    "conditions": list(t.conditions), "unless": list(t.unless),
+                }
+                for t in graph.transitions
+            ],
+            auto_transitions=False,
+            ignore_invalid_triggers=False,
+        )
+
+    @property
+    def state(self) -> str:
+        return self._model.state
+
+    def triggers(self) -> list[str]:
+        """Triggers declared from the current state (guards may still block one)."""
+        return self._machine.get_triggers(self.state)
+
+    def fire(self, trigger: str) -> str:
+        """Takes a legal transition or raises IllegalTransition, leaving the state unchanged."""
+        before = self.state
+        try:
+            moved = getattr(self._model, trigger)() if trigger in self._machine.events else None
+        except MachineError as exc:
+            raise IllegalTransition(
+                f"{self.spec.name}: '{trigger}' is not allowed in state '{before}'"
+            ) from exc
+        if not moved:
+            raise IllegalTransition(
+                f"{self.spec.name}: '{trigger}' is not allowed in state '{before}'"
+            )
+        return self.state
+
+
+class Run:
+    """One execution (or resumption) of a spec for a request."""
+
+    def __init__(
+        self,
+        *,
+        spec: Spec,
+        request: Request,
+        components: Mapping[str, Any],
+        host: HostOps,
+        journal: Journal,
+        cancel: threading.Event,
+        subscribers: Iterable[Subscriber] = (),
+        grace_s: float = 5.0,
+    ) -> None:
+        self.spec = spec
+        self.request = request
+        self.components = components
+        self.host = host
+        self.journal = journal
+        self.cancel = cancel
+        self.subscribers = tuple(subscribers)
+        self.grace_s = grace_s
+        self.workdir = Path(request.workdir)
+        self.steps = {s.name: s for s in spec.selected(request)}
+        self.facts: dict[str, Any] = {}
+        self.records: list[StepRecord] = []
+        self.comp_records: list[StepRecord] = []
+        self.completed: list[Step] = []
+        self._comps_done: set[str] = set()
+        self.resumed = False
+
+    # -- entry points -------------------------------------------------------------------------
+
+    def start(self, request_data: dict[str, Any]) -> Receipt:
+        self.journal.append("begin", spec=self.spec.name, request=request_data)
+        return self._forward(SpecMachine(self.spec, self.request), None)
+
+    def resume(self, replay: Replay) -> Receipt:
+        self.resumed = True
+        self.facts.update(replay.facts)
+        for record in replay.completed:
+            step = self.steps[record.step or ""]
+            self.records.append(StepRecord(
+                name=step.name, status=record.status or "done",
+                seconds=record.seconds or 0.0, detail=record.detail or "",
+            ))
+            if record.status == "done":
+                self.completed.append(step)
+        last = replay.completed[-1].step if replay.completed else None
+        if replay.compensating:
+            for name, record in replay.compensations.items():
+                self._comps_done.add(name)
+                self.comp_records.append(StepRecord(
+                    name=name, status="compensated" if record.event == "comp_end"
+                    else "compensation_failed", seconds=record.seconds or 0.0,
+                    detail=record.error or "",
+                ))
+            failed = replay.failed.step if replay.failed else None
+            error = replay.failed.error if replay.failed else "interrupted while compensating"
+            if failed:
+                self.records.append(StepRecord(
+                    name=failed, status="failed", seconds=replay.failed.seconds or 0.0,
+                    detail=error or "",
+                ))
+            machine = SpecMachine(self.spec, self.request, COMPENSATING)
+            return self._compensate(machine, self.steps.get(failed or ""), error or "", fire=False)
+        if replay.interrupted:
+            step = self.steps[replay.interrupted]
+            machine = SpecMachine(self.spec, self.request, step.name)
+            if step.on_interrupt == "retry":
+                return self._forward(machine, step)
+            error = "interrupted: the orchestrator stopped during this step"
+            self.journal.append("step_fail", step=step.name, error=error, seconds=0.0)
+            self.records.append(StepRecord(name=step.name, status="failed", seconds=0.0,
+                                           detail=error))
+            return self._compensate(machine, step, error)
+        machine = SpecMachine(self.spec, self.request, last)
+        return self._forward(machine, None)
+
+    # -- forward ------------------------------------------------------------------------------
+
+    def _forward(self, machine: SpecMachine, pending: Step | None) -> Receipt:
+        while True:
+            if pending is None:
+                if self.cancel.is_set():
+                    return self._cancelled(machine)
+                machine.fire(ADVANCE)
+                if machine.state == DONE:
+                    return self._finish("done", None)
+                pending = self.steps[machine.state]
+            error = self._run_step(pending)
+            if error is not None:
+                return self._compensate(machine, pending, error)
+            pending = None
+
+    def _cancelled(self, machine: SpecMachine) -> Receipt:
+        error = "cancelled"
+        self.journal.append("step_fail", error=error)
+        if not self.completed and machine.state not in self.steps:
+            # Nothing ran yet: there is nothing to undo, and `pending` has no fail transition.
+            self.journal.append("end", outcome="rolled_back", error=error)
+            return self._receipt("rolled_back", error)
+        return self._compensate(machine, None, error)
+
+    def _run_step(self, step: Step) -> str | None:
+        timeout = self._timeout(step)
+        ctx = self._context(step, timeout, compensating=False)
+        self.journal.append("step_start", step=step.name)
+        self._emit(step.name, "started")
+        started = time.monotonic()
+        result, exc = self._invoke(step.action, ctx, timeout)
+        seconds = time.monotonic() - started
+        if exc is None and seconds > timeout:
+            exc = StepTimeout(f"step '{step.name}' ran past {timeout:g} s ({seconds:.1f} s)")
+        facts: dict[str, Any] = {}
+        if exc is None and not isinstance(result, Skipped):
+            try:
+                facts = dict(result or {})
+                json.dumps(facts)
+            except (TypeError, ValueError) as bad:
+                exc = TypeError(f"step '{step.name}' returned facts that are not JSON: {bad}")
+        if exc is not None:
+            error = f"{type(exc).__name__}: {exc}"
+            self.journal.append("step_fail", step=step.name, error=error, seconds=seconds)
+            self.records.append(StepRecord(name=step.name, status="failed", seconds=seconds,
+                                           detail=error))
+            self._emit(step.name, "failed", seconds, error)
+            return error
+        status, detail = ("skipped", result.reason) if isinstance(result, Skipped) else ("done", "")
+        self.facts.update(facts)
+        self.journal.append("step_end", step=step.name, status=status, seconds=seconds,
+                            facts=facts or None, detail=detail or None)
+        self.records.append(StepRecord(name=step.name, status=status, seconds=seconds,
+                                       detail=detail))
+        if status == "done":
+            self.completed.append(step)
+        self._emit(step.name, status, seconds, detail)
+        return None
+
+    # -- compensation -------------------------------------------------------------------------
+
+    def _compensate(
+        self, machine: SpecMachine, failed: Step | None, error: str, *, fire: bool = True
+    ) -> Receipt:
+        if fire:
+            machine.fire(FAIL)
+        plan = [failed] if failed is not None and failed.compensation else []
+        plan += [s for s in reversed(self.completed) if s.compensation and s is not failed]
+        broken = False
+        for step in plan:
+            if step.name in self._comps_done:
+                broken |= any(r.name == step.name and r.status != "compensated"
+                              for r in self.comp_records)
+                continue
+            broken |= not self._run_compensation(step)
+        machine.fire(COMPENSATION_FAILED if broken else COMPENSATED)
+        assert machine.state in (ROLLED_BACK, FAILED)
+        return self._finish(machine.state, error)
+
+    def _run_compensation(self, step: Step) -> bool:
+        assert step.compensation is not None
+        timeout = self._timeout(step)
+        ctx = self._context(step, timeout, compensating=True)
+        self.journal.append("comp_start", step=step.name)
+        self._emit(step.name, "compensating")
+        started = time.monotonic()
+        _, exc = self._invoke(step.compensation, ctx, timeout)
+        seconds = time.monotonic() - started
+        self._comps_done.add(step.name)
+        if exc is not None:
+            error = f"{type(exc).__name__}: {exc}"
+            self.journal.append("comp_fail", step=step.name, error=error, seconds=seconds)
+            self.comp_records.append(StepRecord(name=step.name, status="compensation_failed",
+                                                seconds=seconds, detail=error))
+            self._emit(step.name, "compensation_failed", seconds, error)
+            return False
+        self.journal.append("comp_end", step=step.name, seconds=seconds)
+        self.comp_records.append(StepRecord(name=step.name, status="compensated",
+                                            seconds=seconds))
+        self._emit(step.name, "compensated", seconds)
+        return True
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def _timeout(self, step: Step) -> float:
+        policy = getattr(self.components["engine"], "timeouts", {}) or {}
+        return float(self.request.timeouts.get(step.name) or policy.get(step.name)
+                     or step.timeout_s)
+
+    def _context(self, step: Step, timeout: float, *, compensating: bool) -> StepContext:
+        return StepContext(
+            request=self.request, spec=self.spec, step=step, workdir=self.workdir,
+            host=self.host, deadline=time.monotonic() + timeout, facts=self.facts,
+            cancel=self.cancel, record=self._progress(step), compensating=compensating,
+        )
+
+    def _progress(self, step: Step) -> Callable[[dict[str, Any]], None]:
+        def record(facts: dict[str, Any]) -> None:
+            self.journal.append("progress", step=step.name, facts=facts)
+        return record
+
+    def _invoke(
+        self, action: str, ctx: StepContext, timeout: float
+    ) -> tuple[Any, BaseException | None]:
+        """Calls `component.method(ctx)` in a worker thread, bounded by timeout plus grace.
+
+        BaseExceptions other than Exception (the orchestrator is going away) propagate untouched
+        and leave the journal as it is, for a later machine to resume.
+        """
+        role, method = action.split(".", 1)
+        fn = getattr(self.components[role], method)
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["result"] = fn(ctx)
+            except BaseException as exc:  # handed to the runner's thread below
+                box["error"] = exc
+
+        worker = threading.Thread(target=target, name=f"coldsnap:{action}", daemon=True)
+        worker.start()
+        worker.join(timeout + self.grace_s)
+        if worker.is_alive():
+            return None, StepTimeout(
+                f"'{action}' did not return within {timeout:g} s (+{self.grace_s:g} s grace); "
+                "its thread was abandoned"
+            )
+        error = box.get("error")
+        if error is not None and not isinstance(error, Exception):
+            raise error
+        return box.get("result"), error
+
+    def _emit(self, step: str, phase: str, seconds: float = 0.0, detail: str = "") -> None:
+        event = StepEvent(operation=self.spec.operation, spec=self.spec.name, step=step,
+                          phase=phase, seconds=seconds, detail=detail)
+        for subscriber in self.subscribers:
+            try:
+                subscriber(event)
+            except Exception:
+                log.exception("a step-event subscriber failed; the run goes on")
+
+    def _finish(self, outcome: str, error: str | None) -> Receipt:
+        self.journal.append("end", outcome=outcome, error=error)
+        self._emit("", "finished", detail=outcome)
+        return self._receipt(outcome, error)
+
+    def _receipt(self, outcome: str, error: str | None) -> Receipt:
+        receipt = Receipt(
+            operation=self.spec.operation, spec=self.spec.name, outcome=outcome,  # type: ignore[arg-type]
+            steps=tuple(self.records), compensations=tuple(self.comp_records),
+            facts=dict(self.facts), error=error,
+            seconds=sum(r.seconds for r in (*self.records, *self.comp_records)),
+            resumed=self.resumed, workdir=str(self.workdir),
+        )
+        receipt.write(self.workdir)
+        return receipt
+
+
+__all__ = ["COMPENSATING", "Run", "SpecMachine", "Subscriber"]

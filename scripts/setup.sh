@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Idempotent set-up: a venv under the repo with coldsnap and its pinned dependencies.
+# Re-running does nothing when the inputs (pyproject, constraints, requirements) are unchanged.
+# Usage: scripts/setup.sh [base|sglang|criu|all]   (default: all)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-all}
+PY=${PYTHON:-python3.11}
+VENV=${COLDSNAP_VENV:-.venv}
+
+stamp_of() { cat "$@" 2>/dev/null | sha256sum | cut -c1-16; }
+
+setup_base() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    echo "setup: creating $VENV with $PY"
+    "$PY" -m venv "$VENV"
+  fi
+  local stamp; stamp=$(stamp_of pyproject.toml constraints.txt)
+  if [ "$(cat "$VENV/.coldsnap-base" 2>/dev/null)" != "$stamp" ]; then
+    echo "setup: installing coldsnap and its dependencies"
+    "$VENV/bin/python" -m pip install -q -c constraints.txt torch==2.13.0
+    "$VENV/bin/python" -m pip install -q -c constraints.txt -e '.[dev]'
+    echo "$stamp" > "$VENV/.coldsnap-base"
+  fi
+}
+
+setup_sglang() {
+  local stamp; stamp=$(stamp_of constraints.txt requirements/sglang-cpu.txt)
+  if [ "$(cat "$VENV/.coldsnap-sglang" 2>/dev/null)" != "$stamp" ]; then
+    echo "setup: installing SGLang for CPU (no CUDA-only dependencies)"
+    "$VENV/bin/python" -m pip install -q -c constraints.txt -r requirements/sglang-cpu.txt
+    "$VENV/bin/python" -m pip install -q -c constraints.txt --no-deps sglang==0.5.23
+    echo "$stamp" > "$VENV/.coldsnap-sglang"
+  fi
+}
+
+setup_criu() {
+  if [ -x scripts/setup-criu.sh ]; then scripts/setup-criu.sh; fi
+}
+
+case "$what" in
+  base) setup_base ;;
+  sglang) setup_base; setup_sglang ;;
+  criu) setup_criu ;;
+  all) setup_base; setup_sglang; setup_criu ;;
+  *) echo "setup: unknown target '$what' (base, sglang, criu, all)" >&2; exit 2 ;;
+esac

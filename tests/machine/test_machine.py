@@ -1,0 +1,214 @@
+"""The Machine's behaviour around the steps: bad input, timeouts, cancellation, async, events,
+journal and resume, and components that lack what a spec needs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from coldsnap.drivers.memory import MemoryDriver, MemoryWorld, memory_components
+from coldsnap.machine import (
+    JOURNAL_NAME,
+    ComponentError,
+    JournalError,
+    Machine,
+    RequestError,
+    parse_request,
+    read_journal,
+)
+from coldsnap.testing import FaultPlan, inject_faults
+
+from ._support import capture_request, restore_request
+
+
+def _machine(world: MemoryWorld, plan: FaultPlan | None = None, **kw) -> Machine:
+    comps = memory_components(world)
+    if plan is not None:
+        comps = inject_faults(comps, plan)
+    return Machine(**comps, **kw)
+
+
+def _capture_data(tmp: Path) -> dict:
+    (tmp / "model").mkdir(exist_ok=True)
+    return {
+        "kind": "coldsnap.capture-request", "driver": "n610", "provider": "native",
+        "model": {"id": "tiny", "revision": "r1", "path": str(tmp / "model")},
+        "workdir": str(tmp / "cap"), "store": str(tmp / "store"),
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda d: d.pop("model"), "model"),
+        (lambda d: d.update(driver="n999"), "driver"),
+        (lambda d: d.update(provider="magic"), "provider"),
+        (lambda d: d.update(workdir="relative/dir"), "workdir"),
+        (lambda d: d.update(store="/no-such-parent/store"), "store"),
+        (lambda d: d["model"].update(path="/no/such/model"), "model.path"),
+        (lambda d: d["model"].update(path="model"), "model.path"),
+        (lambda d: d.update(colour="blue"), "colour"),
+        (lambda d: d["model"].update(colour="blue"), "model.colour"),
+        (lambda d: d.update(tp=0), "tp"),
+        (lambda d: d.update(format=7), "format"),
+        (lambda d: d.update(timeouts={"dump": -1}), "timeouts.dump"),
+        (lambda d: d.update(kind="coldsnap.nonsense"), "kind"),
+    ],
+)
+def test_bad_requests_are_refused_before_any_side_effect(tmp_path, change, field) -> None:
+    data = _capture_data(tmp_path)
+    change(data)
+    world = MemoryWorld()
+    with pytest.raises(RequestError) as info:
+        _machine(world).capture(data)
+    assert field in info.value.fields, str(info.value)
+    assert f"request field '{field}'" in str(info.value)
+    assert not world.calls and not (tmp_path / "cap").exists()
+
+
+def test_restore_with_recovery_needs_the_checkpoint(tmp_path) -> None:
+    data = {"kind": "coldsnap.restore-request", "driver": "n610", "provider": "recovery",
+            "artifact": "tiny", "workdir": str(tmp_path / "r"), "store": str(tmp_path / "s")}
+    with pytest.raises(RequestError, match="request field 'model'"):
+        parse_request(data)
+
+
+def test_a_component_without_a_needed_method_fails_before_side_effects(tmp_path) -> None:
+    class NoDump(MemoryDriver):
+        dump = None  # type: ignore[assignment]
+
+    world = MemoryWorld()
+    comps = memory_components(world)
+    comps["driver"] = NoDump(world)
+    with pytest.raises(ComponentError, match="no method 'dump' needed by step 'process_dump'"):
+        Machine(**comps).capture(capture_request(tmp_path))
+    assert not world.calls
+
+
+def test_a_component_for_another_driver_is_refused(tmp_path) -> None:
+    world = MemoryWorld()
+    with pytest.raises(ComponentError, match="asks for driver 'n580'"):
+        _machine(world).capture(capture_request(tmp_path, "n580"))
+
+
+def test_a_slow_step_times_out_and_compensates(tmp_path) -> None:
+    world = MemoryWorld()
+    plan = FaultPlan(delay={"driver.dump": 5.0})
+    request = parse_request({**_as_data(capture_request(tmp_path)),
+                             "timeouts": {"process_dump": 0.2}})
+    started = time.monotonic()
+    receipt = _machine(world, plan, grace_s=1.0).capture(request)
+    assert time.monotonic() - started < 4.0
+    assert receipt.outcome == "rolled_back"
+    assert "StepTimeout" in receipt.error
+    assert not world.transient()
+
+
+def _as_data(request) -> dict:
+    from coldsnap.machine._convert import unstructure
+    return unstructure(request)
+
+
+def test_cancel_during_a_step_compensates(tmp_path) -> None:
+    world = MemoryWorld()
+    plan = FaultPlan(delay={"engine.release_memory": 10.0})
+    machine = _machine(world, plan)
+    events = []
+    machine.subscribe(events.append)
+    cancel = threading.Event()
+    timer = threading.Timer(0.3, cancel.set)
+    timer.start()
+    receipt = machine.capture(capture_request(tmp_path), cancel=cancel)
+    assert receipt.outcome == "rolled_back"
+    assert "Cancelled" in receipt.error
+    assert [c.name for c in receipt.compensations][:2] == ["release_memory", "quiesce"]
+    assert not world.transient()
+    assert ("release_memory", "failed") in {(e.step, e.phase) for e in events}
+
+
+def test_async_capture_and_cancellation(tmp_path) -> None:
+    world = MemoryWorld()
+
+    async def main() -> None:
+        machine = _machine(world)
+        receipt = await machine.capture_async(capture_request(tmp_path))
+        assert receipt.ok
+        slow = _machine(world, FaultPlan(delay={"driver.restore": 10.0}))
+        task = asyncio.ensure_future(slow.restore_async(restore_request(tmp_path)))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not world.transient(), "cancellation left something running"
+        receipt = json.loads((tmp_path / "res" / "receipt.json").read_text())
+        assert receipt["outcome"] == "rolled_back"
+
+    asyncio.run(main())
+
+
+def test_events_journal_and_receipt_agree(tmp_path) -> None:
+    world = MemoryWorld(cuda=False)
+    events = []
+    receipt = _machine(world, subscribers=[events.append]).capture(capture_request(tmp_path))
+    assert receipt.ok
+    skipped = {r.name for r in receipt.steps if r.status == "skipped"}
+    assert skipped == {"cuda_lock", "cuda_checkpoint"}, "no CUDA: CUDA steps say skipped"
+    records = read_journal(tmp_path / "cap" / JOURNAL_NAME)
+    ends = [r.step for r in records if r.event == "step_end"]
+    assert ends == [r.name for r in receipt.steps]
+    assert [e.step for e in events if e.phase in ("done", "skipped")] == ends
+    assert all(r.format == 1 and r.kind == "coldsnap.journal-record" for r in records)
+    on_disk = json.loads((tmp_path / "cap" / "receipt.json").read_text())
+    assert on_disk["kind"] == "coldsnap.receipt" and on_disk["outcome"] == "done"
+    assert set(receipt.timings()) == set(ends)
+
+
+def test_resuming_a_finished_operation_returns_its_receipt(tmp_path) -> None:
+    world = MemoryWorld()
+    receipt = _machine(world).capture(capture_request(tmp_path))
+    calls = len(world.calls)
+    again = _machine(world).resume(tmp_path / "cap")
+    assert again == receipt and len(world.calls) == calls
+
+
+def test_a_workdir_with_a_journal_is_not_reused(tmp_path) -> None:
+    world = MemoryWorld()
+    assert _machine(world).capture(capture_request(tmp_path)).ok
+    with pytest.raises(JournalError, match="resume it, or use a new workdir"):
+        _machine(world).capture(capture_request(tmp_path, name="other"))
+
+
+def test_a_torn_last_journal_line_is_ignored_but_a_torn_middle_is_not(tmp_path) -> None:
+    world = MemoryWorld()
+    assert _machine(world).capture(capture_request(tmp_path)).ok
+    path = tmp_path / "cap" / JOURNAL_NAME
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])
+    assert read_journal(path)[-1].seq == len(lines) - 2
+    path.write_text("\n".join([lines[0], "{broken", *lines[2:]]) + "\n")
+    with pytest.raises(JournalError, match=":2: not a journal record"):
+        read_journal(path)
+
+
+def test_one_operation_at_a_time(tmp_path) -> None:
+    world = MemoryWorld()
+    machine = _machine(world, FaultPlan(delay={"driver.launch_engine": 0.5}))
+    errors = []
+
+    def second() -> None:
+        time.sleep(0.1)
+        try:
+            machine.capture(capture_request(tmp_path, workdir="other"))
+        except RuntimeError as exc:
+            errors.append(str(exc))
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    assert machine.capture(capture_request(tmp_path)).ok
+    thread.join()
+    assert errors == ["this Machine is already running an operation"]
