@@ -27,8 +27,22 @@ from coldsnap.machine import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "Cancelled", "CaptureRequest", "ColdsnapError", "ComponentError", "IllegalTransition",
-    "JournalError", "Machine", "ModelRef", "Receipt", "RequestError", "RestoreRequest",
-    "Skipped", "SpecError", "StepContext", "StepEvent", "StepTimeout", "__version__",
+    "Cancelled",
+    "CaptureRequest",
+    "ColdsnapError",
+    "ComponentError",
+    "IllegalTransition",
+    "JournalError",
+    "Machine",
+    "ModelRef",
+    "Receipt",
+    "RequestError",
+    "RestoreRequest",
+    "Skipped",
+    "SpecError",
+    "StepContext",
+    "StepEvent",
+    "StepTimeout",
+    "__version__",
     "parse_request",
 ]

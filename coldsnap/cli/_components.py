@@ -4,11 +4,25 @@ from __future__ import annotations
 
 from typing import Any
 
-import click
+from coldsnap.assembly import components
+
+
+def sglang_host_settings() -> tuple[tuple[str, ...], dict[str, str]]:
+    """SGLang's extra arguments and environment on this host: on a CPU-only host, the CPU
+    platform and the test support stand-ins (coldsnap.testing.sglang_cpu)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return (), {}
+    from coldsnap.testing.sglang_cpu import CPU_ARGS, cpu_env
+
+    args = (*CPU_ARGS, "--max-total-tokens", "2048", "--mem-fraction-static", "0.05")
+    env = cpu_env({})
+    return args, env
 
 
 def real_components(request: Any) -> dict[str, Any]:
-    raise click.ClickException(
-        f"the real {request.driver} driver is not wired to the command line yet; "
-        "use --dry-run for the in-memory driver"
-    )
+    if request.engine != "sglang":
+        return components(request)
+    args, env = sglang_host_settings()
+    return components(request, sglang_args=args, sglang_env=env)

@@ -22,8 +22,9 @@ def main() -> None:
 def _print_event(event: StepEvent) -> None:
     if event.phase in ("done", "skipped", "failed", "compensated", "compensation_failed"):
         detail = f"  ({event.detail})" if event.detail else ""
-        click.echo(f"  {event.spec:<13} {event.step:<20} {event.phase:<20} "
-                   f"{event.seconds:7.3f} s{detail}")
+        click.echo(
+            f"  {event.spec:<13} {event.step:<20} {event.phase:<20} {event.seconds:7.3f} s{detail}"
+        )
 
 
 def _components(request: Any, dry_run: bool) -> dict[str, Any]:
@@ -37,8 +38,16 @@ def _components(request: Any, dry_run: bool) -> dict[str, Any]:
 
 
 def _finish(receipt: Receipt) -> None:
-    click.echo(json.dumps({"outcome": receipt.outcome, "error": receipt.error,
-                           "seconds": round(receipt.seconds, 3), "workdir": receipt.workdir}))
+    click.echo(
+        json.dumps(
+            {
+                "outcome": receipt.outcome,
+                "error": receipt.error,
+                "seconds": round(receipt.seconds, 3),
+                "workdir": receipt.workdir,
+            }
+        )
+    )
     sys.exit(0 if receipt.ok else 1)
 
 

@@ -66,8 +66,15 @@ class MemoryWorld:
 
     def snapshot(self) -> dict[str, Any]:
         """The whole observable state, with PIDs renamed by order so two runs compare equal."""
-        order = {k: f"process:#{i}" for i, k in enumerate(sorted(
-            (k for k in self.resources if k.startswith("process:")), key=lambda k: int(k[8:])))}
+        order = {
+            k: f"process:#{i}"
+            for i, k in enumerate(
+                sorted(
+                    (k for k in self.resources if k.startswith("process:")),
+                    key=lambda k: int(k[8:]),
+                )
+            )
+        }
         resources = {order.get(k, k): v for k, v in self.resources.items()}
         return {"resources": resources, "capsules": self.capsules, "names": self.names}
 
@@ -95,9 +102,17 @@ class MemoryDriver(_Part):
     def launch_engine(self, ctx: StepContext) -> dict[str, Any]:
         self._call(ctx, "driver.launch_engine")
         model = ctx.request.model
-        pid = self.world.spawn(kind="engine", model=model.id, weights=f"w:{model.id}",
-                               kv="resident", graphs=True, nccl="ready", quiesced=False,
-                               cuda="running" if self.world.cuda else None, gate="open")
+        pid = self.world.spawn(
+            kind="engine",
+            model=model.id,
+            weights=f"w:{model.id}",
+            kv="resident",
+            graphs=True,
+            nccl="ready",
+            quiesced=False,
+            cuda="running" if self.world.cuda else None,
+            gate="open",
+        )
         ctx.record(engine_pid=pid)
         return {"engine_pid": pid}
 
@@ -202,8 +217,17 @@ class MemoryDriver(_Part):
         proc = self.world.process(pid)
         model = ctx.request.model.id if ctx.request.model else None
         weights = f"w:{model}" if ctx.request.operation == "capture" else "pending"
-        proc.update(kind="engine", model=model, weights=weights, kv="resident", graphs=False,
-                    nccl="ready", quiesced=False, cuda=None, gate="open")
+        proc.update(
+            kind="engine",
+            model=model,
+            weights=weights,
+            kv="resident",
+            graphs=False,
+            nccl="ready",
+            quiesced=False,
+            cuda=None,
+            gate="open",
+        )
         ctx.record(engine_pid=pid)
         return {"engine_pid": pid}
 
@@ -347,9 +371,12 @@ class MemoryStore(_Part):
         self._call(ctx, "artifacts.seal")
         image = self.world.resources[ctx.facts["image"]]
         capsule = {
-            "driver": ctx.request.driver, "provider": ctx.request.provider,
-            "model": ctx.request.model.id, "identity": dict(self.world.identity),
-            "image": image, "pack": ctx.facts.get("pack"),
+            "driver": ctx.request.driver,
+            "provider": ctx.request.provider,
+            "model": ctx.request.model.id,
+            "identity": dict(self.world.identity),
+            "image": image,
+            "pack": ctx.facts.get("pack"),
             "acceptance_tokens": ctx.facts["acceptance_tokens"],
         }
         digest = _digest(capsule)
@@ -363,8 +390,7 @@ class MemoryStore(_Part):
         previous = self.world.names.get(ctx.request.name) if ctx.request.name else None
         if ctx.request.name:
             self.world.names[ctx.request.name] = digest  # the newest capture takes the name
-        facts = {"capsule_digest": digest, "capsule_created": created,
-                 "capsule_name_was": previous}
+        facts = {"capsule_digest": digest, "capsule_created": created, "capsule_name_was": previous}
         ctx.record(**facts)
         return facts
 
@@ -389,17 +415,23 @@ class MemoryStore(_Part):
             raise LookupError(f"no capsule '{ref}' in the store")
         if capsule["driver"] != ctx.request.driver:
             raise ValueError(f"capsule driver {capsule['driver']}, request {ctx.request.driver}")
-        diff = [f"{k}: expected {v!r}, found {self.world.identity.get(k)!r}"
-                for k, v in capsule["identity"].items() if self.world.identity.get(k) != v]
+        diff = [
+            f"{k}: expected {v!r}, found {self.world.identity.get(k)!r}"
+            for k, v in capsule["identity"].items()
+            if self.world.identity.get(k) != v
+        ]
         if diff:
             raise ValueError("incompatible capsule:\n" + "\n".join(diff))
         return {"capsule_digest": digest, "capsule": capsule}
 
 
-def memory_components(world: MemoryWorld, driver: str = "n610", provider: str = "native",
-                      engine: str = "sglang") -> dict[str, Any]:
+def memory_components(
+    world: MemoryWorld, driver: str = "n610", provider: str = "native", engine: str = "sglang"
+) -> dict[str, Any]:
     """Keyword arguments for `Machine(**...)` over one world."""
     return {
-        "driver": MemoryDriver(world, driver), "provider": MemoryProvider(world, provider),
-        "engine": MemoryEngine(world, engine), "artifacts": MemoryStore(world),
+        "driver": MemoryDriver(world, driver),
+        "provider": MemoryProvider(world, provider),
+        "engine": MemoryEngine(world, engine),
+        "artifacts": MemoryStore(world),
     }

@@ -37,8 +37,12 @@ def step_table(spec: Spec) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for number, step in enumerate(spec.steps, 1):
-        comp = f"`{step.compensation}`" if step.compensation else (
-            f"none: {step.no_compensation}" if step.no_compensation else "none (no side effect)"
+        comp = (
+            f"`{step.compensation}`"
+            if step.compensation
+            else (
+                f"none: {step.no_compensation}" if step.no_compensation else "none (no side effect)"
+            )
         )
         rows.append(
             f"| {number} | `{step.name}` | `{step.action}` | {comp} | {step.when or ''} | "

@@ -41,6 +41,11 @@ class LocalHost:
         cwd: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            list(argv), capture_output=True, text=True, timeout=timeout,
-            env=dict(env) if env is not None else None, cwd=cwd, check=False,
+            list(argv),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            check=False,
         )

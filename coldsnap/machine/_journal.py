@@ -21,8 +21,15 @@ RECORD_KIND = "coldsnap.journal-record"
 RECORD_FORMAT = 1
 
 Event = Literal[
-    "begin", "step_start", "progress", "step_end", "step_fail",
-    "comp_start", "comp_end", "comp_fail", "end",
+    "begin",
+    "step_start",
+    "progress",
+    "step_end",
+    "step_fail",
+    "comp_start",
+    "comp_end",
+    "comp_fail",
+    "end",
 ]
 
 

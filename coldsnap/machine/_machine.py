@@ -45,7 +45,10 @@ class Machine:
         grace_s: float = 5.0,
     ) -> None:
         self.components = {
-            "driver": driver, "provider": provider, "engine": engine, "artifacts": artifacts,
+            "driver": driver,
+            "provider": provider,
+            "engine": engine,
+            "artifacts": artifacts,
         }
         self.host = host or LocalHost()
         self._subscribers: list[Subscriber] = list(subscribers)
@@ -101,9 +104,16 @@ class Machine:
         request = parse_request(_read_request(Path(receipt.workdir)))
         step = Step("stop", "driver.stop_engine", "stop the engine", side_effect=False)
         ctx = StepContext(
-            request=request, spec=spec, step=step, workdir=Path(request.workdir), host=self.host,
-            deadline=time.monotonic() + 120.0, facts=dict(receipt.facts),
-            cancel=threading.Event(), record=lambda facts: None, compensating=True,
+            request=request,
+            spec=spec,
+            step=step,
+            workdir=Path(request.workdir),
+            host=self.host,
+            deadline=time.monotonic() + 120.0,
+            facts=dict(receipt.facts),
+            cancel=threading.Event(),
+            record=lambda facts: None,
+            compensating=True,
         )
         self.components["driver"].stop_engine(ctx)
         unstage = getattr(self.components["provider"], "unstage", None)
@@ -121,8 +131,14 @@ class Machine:
 
     def _run(self, spec: Any, request: Request, journal: Journal, cancel: threading.Event) -> Run:
         return Run(
-            spec=spec, request=request, components=self.components, host=self.host,
-            journal=journal, cancel=cancel, subscribers=self._subscribers, grace_s=self._grace_s,
+            spec=spec,
+            request=request,
+            components=self.components,
+            host=self.host,
+            journal=journal,
+            cancel=cancel,
+            subscribers=self._subscribers,
+            grace_s=self._grace_s,
         )
 
     def _running(self, cancel: threading.Event | None) -> _Running:

@@ -69,8 +69,11 @@ class SpecMachine:
             initial=state or graph.initial,
             transitions=[
                 {
-                    "trigger": t.trigger, "source": t.source, "dest": t.dest,
-                    "conditions": list(t.conditions), "unless": list(t.unless),
+                    "trigger": t.trigger,
+                    "source": t.source,
+                    "dest": t.dest,
+                    "conditions": list(t.conditions),
+                    "unless": list(t.unless),
                 }
                 for t in graph.transitions
             ],
@@ -145,28 +148,41 @@ class Run:
         self.facts.update(replay.facts)
         for record in replay.completed:
             step = self.steps[record.step or ""]
-            self.records.append(StepRecord(
-                name=step.name, status=record.status or "done",
-                seconds=record.seconds or 0.0, detail=record.detail or "",
-            ))
+            self.records.append(
+                StepRecord(
+                    name=step.name,
+                    status=record.status or "done",
+                    seconds=record.seconds or 0.0,
+                    detail=record.detail or "",
+                )
+            )
             if record.status == "done":
                 self.completed.append(step)
         last = replay.completed[-1].step if replay.completed else None
         if replay.compensating:
             for name, record in replay.compensations.items():
                 self._comps_done.add(name)
-                self.comp_records.append(StepRecord(
-                    name=name, status="compensated" if record.event == "comp_end"
-                    else "compensation_failed", seconds=record.seconds or 0.0,
-                    detail=record.error or "",
-                ))
+                self.comp_records.append(
+                    StepRecord(
+                        name=name,
+                        status="compensated"
+                        if record.event == "comp_end"
+                        else "compensation_failed",
+                        seconds=record.seconds or 0.0,
+                        detail=record.error or "",
+                    )
+                )
             failed = replay.failed.step if replay.failed else None
             error = replay.failed.error if replay.failed else "interrupted while compensating"
             if failed:
-                self.records.append(StepRecord(
-                    name=failed, status="failed", seconds=replay.failed.seconds or 0.0,
-                    detail=error or "",
-                ))
+                self.records.append(
+                    StepRecord(
+                        name=failed,
+                        status="failed",
+                        seconds=replay.failed.seconds or 0.0,
+                        detail=error or "",
+                    )
+                )
             machine = SpecMachine(self.spec, self.request, COMPENSATING)
             return self._compensate(machine, self.steps.get(failed or ""), error or "", fire=False)
         if replay.interrupted:
@@ -176,8 +192,9 @@ class Run:
                 return self._forward(machine, step)
             error = "interrupted: the orchestrator stopped during this step"
             self.journal.append("step_fail", step=step.name, error=error, seconds=0.0)
-            self.records.append(StepRecord(name=step.name, status="failed", seconds=0.0,
-                                           detail=error))
+            self.records.append(
+                StepRecord(name=step.name, status="failed", seconds=0.0, detail=error)
+            )
             return self._compensate(machine, step, error)
         machine = SpecMachine(self.spec, self.request, last)
         return self._forward(machine, None)
@@ -227,16 +244,24 @@ class Run:
         if exc is not None:
             error = f"{type(exc).__name__}: {exc}"
             self.journal.append("step_fail", step=step.name, error=error, seconds=seconds)
-            self.records.append(StepRecord(name=step.name, status="failed", seconds=seconds,
-                                           detail=error))
+            self.records.append(
+                StepRecord(name=step.name, status="failed", seconds=seconds, detail=error)
+            )
             self._emit(step.name, "failed", seconds, error)
             return error
         status, detail = ("skipped", result.reason) if isinstance(result, Skipped) else ("done", "")
         self.facts.update(facts)
-        self.journal.append("step_end", step=step.name, status=status, seconds=seconds,
-                            facts=facts or None, detail=detail or None)
-        self.records.append(StepRecord(name=step.name, status=status, seconds=seconds,
-                                       detail=detail))
+        self.journal.append(
+            "step_end",
+            step=step.name,
+            status=status,
+            seconds=seconds,
+            facts=facts or None,
+            detail=detail or None,
+        )
+        self.records.append(
+            StepRecord(name=step.name, status=status, seconds=seconds, detail=detail)
+        )
         if status == "done":
             self.completed.append(step)
         self._emit(step.name, status, seconds, detail)
@@ -254,8 +279,9 @@ class Run:
         broken = False
         for step in plan:
             if step.name in self._comps_done:
-                broken |= any(r.name == step.name and r.status != "compensated"
-                              for r in self.comp_records)
+                broken |= any(
+                    r.name == step.name and r.status != "compensated" for r in self.comp_records
+                )
                 continue
             broken |= not self._run_compensation(step)
         machine.fire(COMPENSATION_FAILED if broken else COMPENSATED)
@@ -275,13 +301,15 @@ class Run:
         if exc is not None:
             error = f"{type(exc).__name__}: {exc}"
             self.journal.append("comp_fail", step=step.name, error=error, seconds=seconds)
-            self.comp_records.append(StepRecord(name=step.name, status="compensation_failed",
-                                                seconds=seconds, detail=error))
+            self.comp_records.append(
+                StepRecord(
+                    name=step.name, status="compensation_failed", seconds=seconds, detail=error
+                )
+            )
             self._emit(step.name, "compensation_failed", seconds, error)
             return False
         self.journal.append("comp_end", step=step.name, seconds=seconds)
-        self.comp_records.append(StepRecord(name=step.name, status="compensated",
-                                            seconds=seconds))
+        self.comp_records.append(StepRecord(name=step.name, status="compensated", seconds=seconds))
         self._emit(step.name, "compensated", seconds)
         return True
 
@@ -289,19 +317,28 @@ class Run:
 
     def _timeout(self, step: Step) -> float:
         policy = getattr(self.components["engine"], "timeouts", {}) or {}
-        return float(self.request.timeouts.get(step.name) or policy.get(step.name)
-                     or step.timeout_s)
+        return float(
+            self.request.timeouts.get(step.name) or policy.get(step.name) or step.timeout_s
+        )
 
     def _context(self, step: Step, timeout: float, *, compensating: bool) -> StepContext:
         return StepContext(
-            request=self.request, spec=self.spec, step=step, workdir=self.workdir,
-            host=self.host, deadline=time.monotonic() + timeout, facts=self.facts,
-            cancel=self.cancel, record=self._progress(step), compensating=compensating,
+            request=self.request,
+            spec=self.spec,
+            step=step,
+            workdir=self.workdir,
+            host=self.host,
+            deadline=time.monotonic() + timeout,
+            facts=self.facts,
+            cancel=self.cancel,
+            record=self._progress(step),
+            compensating=compensating,
         )
 
     def _progress(self, step: Step) -> Callable[[dict[str, Any]], None]:
         def record(facts: dict[str, Any]) -> None:
             self.journal.append("progress", step=step.name, facts=facts)
+
         return record
 
     def _invoke(
@@ -336,8 +373,14 @@ class Run:
         return box.get("result"), error
 
     def _emit(self, step: str, phase: str, seconds: float = 0.0, detail: str = "") -> None:
-        event = StepEvent(operation=self.spec.operation, spec=self.spec.name, step=step,
-                          phase=phase, seconds=seconds, detail=detail)
+        event = StepEvent(
+            operation=self.spec.operation,
+            spec=self.spec.name,
+            step=step,
+            phase=phase,
+            seconds=seconds,
+            detail=detail,
+        )
         for subscriber in self.subscribers:
             try:
                 subscriber(event)
@@ -351,11 +394,16 @@ class Run:
 
     def _receipt(self, outcome: str, error: str | None) -> Receipt:
         receipt = Receipt(
-            operation=self.spec.operation, spec=self.spec.name, outcome=outcome,  # type: ignore[arg-type]
-            steps=tuple(self.records), compensations=tuple(self.comp_records),
-            facts=dict(self.facts), error=error,
+            operation=self.spec.operation,
+            spec=self.spec.name,
+            outcome=outcome,  # type: ignore[arg-type]
+            steps=tuple(self.records),
+            compensations=tuple(self.comp_records),
+            facts=dict(self.facts),
+            error=error,
             seconds=sum(r.seconds for r in (*self.records, *self.comp_records)),
-            resumed=self.resumed, workdir=str(self.workdir),
+            resumed=self.resumed,
+            workdir=str(self.workdir),
         )
         receipt.write(self.workdir)
         return receipt

@@ -11,6 +11,12 @@ from ._conformance import MachineConformance, check_receipt, expected_compensati
 from ._faults import Abandoned, FaultPlan, InjectedFault, inject_faults
 
 __all__ = [
-    "Abandoned", "FaultPlan", "InjectedFault", "MachineConformance", "check_receipt",
-    "expected_compensations", "inject_faults", "strategies",
+    "Abandoned",
+    "FaultPlan",
+    "InjectedFault",
+    "MachineConformance",
+    "check_receipt",
+    "expected_compensations",
+    "inject_faults",
+    "strategies",
 ]

@@ -90,12 +90,14 @@ class MachineConformance(RuleBasedStateMachine):
         """Live transient resources (processes, images, staged payloads), not capsules."""
         raise NotImplementedError
 
-    def capture_request(self, workdir: Path, driver: str, provider: str, name: str
-                        ) -> CaptureRequest:
+    def capture_request(
+        self, workdir: Path, driver: str, provider: str, name: str
+    ) -> CaptureRequest:
         raise NotImplementedError
 
-    def restore_request(self, workdir: Path, driver: str, provider: str, artifact: str
-                        ) -> RestoreRequest:
+    def restore_request(
+        self, workdir: Path, driver: str, provider: str, artifact: str
+    ) -> RestoreRequest:
         raise NotImplementedError
 
     # -- the kit ------------------------------------------------------------------------------

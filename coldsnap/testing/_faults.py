@@ -74,6 +74,7 @@ class _Faulty:
             if abandon_after:
                 raise Abandoned(f"abandoned after {key}")
             return result
+
         return call
 
 
@@ -87,9 +88,13 @@ def _sleep_checked(ctx: StepContext, seconds: float) -> None:
         waited += 0.01
 
 
-def inject_faults(components: Mapping[str, Any], plan: FaultPlan,
-                  roles: Iterable[str] = ("driver", "engine", "provider", "artifacts")
-                  ) -> dict[str, Any]:
+def inject_faults(
+    components: Mapping[str, Any],
+    plan: FaultPlan,
+    roles: Iterable[str] = ("driver", "engine", "provider", "artifacts"),
+) -> dict[str, Any]:
     """Wraps each component so that the plan decides which of its step calls fail."""
-    return {role: _Faulty(role, comp, plan) if role in roles else comp
-            for role, comp in components.items()}
+    return {
+        role: _Faulty(role, comp, plan) if role in roles else comp
+        for role, comp in components.items()
+    }

@@ -11,8 +11,9 @@ OPERATIONS = ("capture", "restore")
 
 def variants() -> st.SearchStrategy[tuple[str, str, str]]:
     """(operation, driver, provider) triples covering every spec and provider variant."""
-    return st.tuples(st.sampled_from(OPERATIONS), st.sampled_from(DRIVERS),
-                     st.sampled_from(PROVIDERS))
+    return st.tuples(
+        st.sampled_from(OPERATIONS), st.sampled_from(DRIVERS), st.sampled_from(PROVIDERS)
+    )
 
 
 def specs() -> st.SearchStrategy[Spec]:

@@ -1,0 +1,35 @@
+"""What a driver needs from the engine side to start it: a command line, never its internals."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from attrs import field, frozen
+
+
+def _as_tuple(value: Any) -> tuple[str, ...]:
+    return tuple(str(v) for v in value)
+
+
+def _as_env(value: Mapping[str, str]) -> dict[str, str]:
+    return {str(k): str(v) for k, v in value.items()}
+
+
+@frozen(kw_only=True)
+class LaunchCommand:
+    """How to start an engine: argv and the environment it adds, and the URL it will serve."""
+
+    argv: tuple[str, ...] = field(converter=_as_tuple)
+    env: dict[str, str] = field(factory=dict, converter=_as_env)
+    url: str
+    cwd: str | None = None
+
+
+@runtime_checkable
+class Launcher(Protocol):
+    """Builds the engine's command for an operation. `workdir` is the operation's folder;
+    `provider` is the weight provider the engine must start with (a restore may change it)."""
+
+    def command(self, request: Any, workdir: Path, *, provider: str) -> LaunchCommand: ...

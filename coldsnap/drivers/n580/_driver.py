@@ -1,0 +1,183 @@
+"""n580: a context-free template (a process snapshotted after its heavy imports, before any CUDA
+exists) restored and then released into engine construction with the selected provider."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from coldsnap.backends import Criu, refuse_gpu_mappings
+from coldsnap.machine import Skipped, StepContext
+
+from .._launcher import LaunchCommand, Launcher
+from .._processes import Processes
+from ._template import RELEASE, STATUS
+
+IMAGE_DIR = "template-image"
+CONTROL_ROOT = Path("/run/coldsnap/templates")
+
+
+class N580Driver:
+    name = "n580"
+
+    def __init__(
+        self,
+        *,
+        launcher: Launcher,
+        preload: tuple[str, ...],
+        criu: Criu | None = None,
+        control_root: Path = CONTROL_ROOT,
+        python: str = sys.executable,
+    ) -> None:
+        self.launcher = launcher
+        self.preload = preload
+        self.criu = criu or Criu()
+        self.control_root = control_root
+        self.python = python
+        self.processes = Processes()
+
+    # -- the template -------------------------------------------------------------------------
+
+    def launch_template(self, ctx: StepContext) -> dict[str, Any]:
+        engine = self.launcher.command(ctx.request, ctx.workdir, provider=ctx.request.provider)
+        template_id = uuid.uuid4().hex
+        control = self.control_root / template_id
+        control.mkdir(parents=True, mode=0o700)
+        command = LaunchCommand(
+            argv=(
+                self.python,
+                "-m",
+                "coldsnap.drivers.n580._template",
+                "--control",
+                str(control),
+                "--preload",
+                ",".join(self.preload),
+            ),
+            env=engine.env,
+            url=engine.url,
+            cwd=engine.cwd,
+        )
+        pid = self.processes.start(command, ctx.workdir / "engine.log")
+        ctx.record(
+            template_pid=pid,
+            template_id=template_id,
+            control_dir=str(control),
+            engine_log=str(ctx.workdir / "engine.log"),
+        )
+        status = _wait_status(control, "waiting", pid, ctx, self.processes)
+        return {
+            "template_pid": pid,
+            "template_id": template_id,
+            "control_dir": str(control),
+            "import_seconds": status.get("import_seconds"),
+        }
+
+    def stop_template(self, ctx: StepContext) -> None:
+        self.processes.stop(ctx.facts.get("template_pid"))
+
+    def check_context_free(self, ctx: StepContext) -> None:
+        refuse_gpu_mappings(ctx.facts["template_pid"])
+
+    def dump_template(self, ctx: StepContext) -> dict[str, Any]:
+        images = ctx.workdir / IMAGE_DIR
+        manifest = self.criu.dump(
+            ctx.facts["template_pid"], images, leave_running=True, timeout=ctx.remaining()
+        )
+        return {
+            "image_dir": str(images),
+            "image_bytes": manifest.image_bytes,
+            "dump_seconds": manifest.seconds,
+        }
+
+    def discard_template(self, ctx: StepContext) -> None:
+        shutil.rmtree(ctx.workdir / IMAGE_DIR, ignore_errors=True)
+
+    def restore_template(self, ctx: StepContext) -> dict[str, Any]:
+        capsule = ctx.facts["capsule"]
+        control = self.control_root / capsule["template_id"]
+        control.mkdir(parents=True, exist_ok=True, mode=0o700)
+        (control / RELEASE).unlink(missing_ok=True)
+        tree = self.criu.restore(
+            Path(ctx.facts["image_dir"]),
+            work_dir=ctx.workdir / "criu-restore",
+            detached=True,
+            timeout=ctx.remaining(),
+        )
+        facts = {
+            "template_pid": tree.pid,
+            "control_dir": str(control),
+            "restore_seconds": tree.seconds,
+        }
+        ctx.record(**facts)
+        return facts
+
+    # -- the engine ---------------------------------------------------------------------------
+
+    def release_template(self, ctx: StepContext) -> dict[str, Any]:
+        engine = self.launcher.command(ctx.request, ctx.workdir, provider=ctx.request.provider)
+        argv = list(engine.argv)
+        if len(argv) < 3 or argv[1] != "-m":
+            raise ValueError(f"an n580 engine command is 'python -m MODULE ...', got {argv[:3]}")
+        control = Path(ctx.facts["control_dir"])
+        order = {
+            "format": 1,
+            "kind": "coldsnap.template-release",
+            "module": argv[2],
+            "args": argv[3:],
+            "env": engine.env,
+            "cwd": engine.cwd,
+        }
+        tmp = control / f".{RELEASE}"
+        tmp.write_text(json.dumps(order))
+        os.replace(tmp, control / RELEASE)
+        pid = ctx.facts["template_pid"]
+        facts = {
+            "engine_pid": pid,
+            "engine_url": engine.url,
+            "runtime_dir": engine.env.get("COLDSNAP_RUNTIME_DIR"),
+        }
+        ctx.record(**facts)
+        _wait_status(control, "released", pid, ctx, self.processes)
+        return facts
+
+    def stop_engine(self, ctx: StepContext) -> None:
+        self.processes.stop(ctx.facts.get("engine_pid") or ctx.facts.get("template_pid"))
+
+    def construct_engine(self, ctx: StepContext) -> None:
+        """The engine builds itself (the provider chosen at release); health says when."""
+        if not self.processes.alive(ctx.facts["engine_pid"]):
+            raise RuntimeError(
+                f"the engine (pid {ctx.facts['engine_pid']}) ended while "
+                f"constructing; see {ctx.workdir / 'engine.log'}"
+            )
+
+    def retire_source(self, ctx: StepContext) -> Skipped | None:
+        if ctx.request.keep_source:
+            return Skipped("the request keeps the source running")
+        self.processes.stop(ctx.facts.get("engine_pid"))
+        return None
+
+
+def _wait_status(
+    control: Path, state: str, pid: int, ctx: StepContext, processes: Processes
+) -> dict[str, Any]:
+    path = control / STATUS
+    while True:
+        ctx.check()
+        try:
+            status = json.loads(path.read_text())
+        except (OSError, ValueError):
+            status = {}
+        if status.get("state") == state and status.get("pid") == pid:
+            return status
+        if not processes.alive(pid):
+            raise RuntimeError(
+                f"the template (pid {pid}) ended before '{state}'; see {ctx.workdir / 'engine.log'}"
+            )
+        time.sleep(0.02)

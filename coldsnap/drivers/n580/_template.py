@@ -1,0 +1,81 @@
+"""The n580 template process: import the heavy modules, then wait to be told what to run.
+
+Run as `python -m coldsnap.drivers.n580._template --control DIR --preload MOD[,MOD...]`. It
+creates no CUDA context (the driver checks its mappings before the dump), polls DIR for
+`release.json` (a plain file poll holds no descriptor that a snapshot would have to carry), and
+on release becomes the engine: environment and argv from the file, random generators reseeded
+(every restored copy starts with the template's state), then `runpy` runs the engine's module as
+`__main__` in this already-warm interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import random
+import runpy
+import sys
+import time
+from pathlib import Path
+
+RELEASE = "release.json"
+STATUS = "status.json"
+POLL_S = 0.005
+
+
+def _status(control: Path, state: str, **extra: object) -> None:
+    tmp = control / f".{STATUS}.{os.getpid()}"
+    tmp.write_text(
+        json.dumps(
+            {
+                "format": 1,
+                "kind": "coldsnap.template-status",
+                "state": state,
+                "pid": os.getpid(),
+                **extra,
+            }
+        )
+    )
+    os.replace(tmp, control / STATUS)
+
+
+def _reseed() -> None:
+    seed = int.from_bytes(os.urandom(8), "little")
+    random.seed(seed)
+    for name, call in (("numpy", "random.seed"), ("torch", "manual_seed")):
+        module = sys.modules.get(name)
+        if module is not None:
+            target = module
+            for part in call.split("."):
+                target = getattr(target, part)
+            target(seed % (2**32))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="coldsnap-template")
+    parser.add_argument("--control", required=True, type=Path)
+    parser.add_argument("--preload", default="")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    for module in filter(None, args.preload.split(",")):
+        importlib.import_module(module)
+    args.control.mkdir(parents=True, exist_ok=True)
+    _status(args.control, "waiting", import_seconds=round(time.monotonic() - started, 3))
+    release = args.control / RELEASE
+    while not release.exists():
+        time.sleep(POLL_S)
+    order = json.loads(release.read_text())
+    release.unlink()
+    os.environ.update(order.get("env", {}))
+    if order.get("cwd"):
+        os.chdir(order["cwd"])
+    _reseed()
+    _status(args.control, "released", module=order["module"])
+    sys.argv = [order["module"], *order.get("args", [])]
+    runpy.run_module(order["module"], run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

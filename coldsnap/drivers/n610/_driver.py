@@ -1,0 +1,168 @@
+"""n610: the whole initialized engine tree and its CUDA state, without weights and KV cache.
+
+Capture leaves the source running through the dump (`criu dump --leave-running`), so every
+step before the seal can still be undone on a live engine; `retire_source` stops it once the
+capsule is sealed. Restore brings the tree back stopped, returns its device state through the
+CUDA driver's checkpoint API, and only then lets it run.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Protocol
+
+from coldsnap.backends import Criu
+from coldsnap.backends.procs import tree_pids
+from coldsnap.machine import Skipped, StepContext
+
+from .._launcher import Launcher
+from .._processes import Processes
+
+IMAGE_DIR = "image"
+
+
+class CudaBackend(Protocol):
+    """The CUDA driver's process-checkpoint API (coldsnap.backends.cuda_checkpoint)."""
+
+    def available(self) -> bool: ...
+    def has_context(self, pid: int) -> bool: ...
+    def lock(self, pid: int, timeout_s: float) -> None: ...
+    def unlock(self, pid: int) -> None: ...
+    def checkpoint(self, pid: int) -> None: ...
+    def restore(self, pid: int) -> None: ...
+
+
+def default_cuda() -> CudaBackend | None:
+    """The real backend where the CUDA driver offers it; None on machines without one."""
+    try:
+        from coldsnap.backends.cuda_checkpoint import CudaCheckpoint
+    except ImportError:
+        return None
+    cuda = CudaCheckpoint()
+    return cuda if cuda.available() else None
+
+
+class N610Driver:
+    name = "n610"
+
+    def __init__(
+        self,
+        *,
+        launcher: Launcher,
+        criu: Criu | None = None,
+        cuda: CudaBackend | None = None,
+        lock_timeout_s: float = 30.0,
+        new_pid_namespace: bool = False,
+    ) -> None:
+        self.launcher = launcher
+        self.criu = criu or Criu()
+        self.cuda = cuda
+        self.lock_timeout_s = lock_timeout_s
+        self.new_pid_namespace = new_pid_namespace
+        self.processes = Processes()
+
+    # -- the source engine --------------------------------------------------------------------
+
+    def launch_engine(self, ctx: StepContext) -> dict[str, Any]:
+        command = self.launcher.command(ctx.request, ctx.workdir, provider=ctx.request.provider)
+        pid = self.processes.start(
+            command, ctx.workdir / "engine.log", new_pid_namespace=self.new_pid_namespace
+        )
+        facts = {
+            "engine_pid": pid,
+            "engine_url": command.url,
+            "engine_log": str(ctx.workdir / "engine.log"),
+            "runtime_dir": command.env.get("COLDSNAP_RUNTIME_DIR"),
+        }
+        ctx.record(**facts)
+        return facts
+
+    def stop_engine(self, ctx: StepContext) -> None:
+        self.processes.stop(ctx.facts.get("engine_pid"))
+
+    def retire_source(self, ctx: StepContext) -> Skipped | None:
+        if ctx.request.keep_source:
+            return Skipped("the request keeps the source running")
+        self.processes.stop(ctx.facts.get("engine_pid"))
+        return None
+
+    # -- CUDA ---------------------------------------------------------------------------------
+
+    def _cuda_pids(self, ctx: StepContext) -> list[int]:
+        known = ctx.facts.get("cuda_pids")
+        if known is not None:
+            return list(known)
+        if self.cuda is None:
+            return []
+        return [p for p in tree_pids(ctx.facts["engine_pid"]) if self.cuda.has_context(p)]
+
+    def cuda_lock(self, ctx: StepContext) -> dict[str, Any] | Skipped:
+        pids = self._cuda_pids(ctx)
+        if not pids:
+            return Skipped("no process of the engine holds a CUDA context")
+        ctx.record(cuda_pids=pids)
+        for pid in pids:
+            ctx.check()
+            self.cuda.lock(pid, self.lock_timeout_s)  # type: ignore[union-attr]
+        return {"cuda_pids": pids}
+
+    def cuda_unlock(self, ctx: StepContext) -> Skipped | None:
+        return self._each(ctx, "unlock")
+
+    def cuda_checkpoint(self, ctx: StepContext) -> Skipped | None:
+        return self._each(ctx, "checkpoint")
+
+    def cuda_restore(self, ctx: StepContext) -> Skipped | None:
+        return self._each(ctx, "restore")
+
+    def _each(self, ctx: StepContext, action: str) -> Skipped | None:
+        pids = ctx.facts.get("cuda_pids") or (ctx.facts.get("capsule") or {}).get("cuda_pids")
+        if not pids:
+            return Skipped("no process of the engine holds a CUDA context")
+        if self.cuda is None:
+            raise RuntimeError(
+                f"CUDA {action}: the engine has CUDA contexts but this host "
+                "offers no CUDA checkpoint API"
+            )
+        for pid in pids:
+            getattr(self.cuda, action)(pid)  # each call checks the state: idempotent
+        return None
+
+    # -- process images -----------------------------------------------------------------------
+
+    def dump(self, ctx: StepContext) -> dict[str, Any]:
+        images = ctx.workdir / IMAGE_DIR
+        manifest = self.criu.dump(
+            ctx.facts["engine_pid"], images, leave_running=True, timeout=ctx.remaining()
+        )
+        return {
+            "image_dir": str(images),
+            "image_bytes": manifest.image_bytes,
+            "dump_seconds": manifest.seconds,
+        }
+
+    def discard_dump(self, ctx: StepContext) -> None:
+        shutil.rmtree(ctx.workdir / IMAGE_DIR, ignore_errors=True)
+
+    def restore(self, ctx: StepContext) -> dict[str, Any]:
+        images = Path(ctx.facts["image_dir"])
+        tree = self.criu.restore(
+            images,
+            work_dir=ctx.workdir / "criu-restore",
+            stopped=True,
+            detached=True,
+            timeout=ctx.remaining(),
+        )
+        capsule = ctx.facts["capsule"]
+        facts = {
+            "engine_pid": tree.pid,
+            "engine_url": capsule["engine_url"],
+            "runtime_dir": capsule.get("runtime_dir"),
+            "restore_seconds": tree.seconds,
+        }
+        ctx.record(**facts)
+        return facts
+
+    def resume_processes(self, ctx: StepContext) -> None:
+        self.processes.resume(ctx.facts["engine_pid"])
