@@ -1,48 +1,48 @@
 """coldsnap: snapshot an initialized inference server, restore it in seconds.
 
 The public API is the Machine and its requests, receipts and errors; everything else is reached
-through its own package (drivers, providers, artifacts, engines, plugin, testing).
+through its own package (drivers, providers, artifacts, engines, plugin, testing). The names are
+loaded on first use, so code that runs inside an engine's processes and imports only
+`coldsnap.providers` or `coldsnap.plugin` does not pay for the machines.
 """
 
-from coldsnap.machine import (
-    Cancelled,
-    CaptureRequest,
-    ColdsnapError,
-    ComponentError,
-    IllegalTransition,
-    JournalError,
-    Machine,
-    ModelRef,
-    Receipt,
-    RequestError,
-    RestoreRequest,
-    Skipped,
-    SpecError,
-    StepContext,
-    StepEvent,
-    StepTimeout,
-    parse_request,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Cancelled",
-    "CaptureRequest",
-    "ColdsnapError",
-    "ComponentError",
-    "IllegalTransition",
-    "JournalError",
-    "Machine",
-    "ModelRef",
-    "Receipt",
-    "RequestError",
-    "RestoreRequest",
-    "Skipped",
-    "SpecError",
-    "StepContext",
-    "StepEvent",
-    "StepTimeout",
-    "__version__",
+    "Cancelled", "CaptureRequest", "ColdsnapError", "ComponentError", "IllegalTransition",
+    "JournalError", "Machine", "ModelRef", "Receipt", "RequestError", "RestoreRequest",
+    "Skipped", "SpecError", "StepContext", "StepEvent", "StepTimeout", "__version__",
     "parse_request",
-]
+]  # fmt: skip
+
+if TYPE_CHECKING:
+    from coldsnap.machine import (
+        Cancelled,
+        CaptureRequest,
+        ColdsnapError,
+        ComponentError,
+        IllegalTransition,
+        JournalError,
+        Machine,
+        ModelRef,
+        Receipt,
+        RequestError,
+        RestoreRequest,
+        Skipped,
+        SpecError,
+        StepContext,
+        StepEvent,
+        StepTimeout,
+        parse_request,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(importlib.import_module("coldsnap.machine"), name)
+    raise AttributeError(f"module 'coldsnap' has no attribute {name!r}")

@@ -1,0 +1,73 @@
+"""Artifacts: what a capture is bound to (identity), whether it fits a runtime
+(compatibility), and where its bytes live (a content-addressed store of objects and capsules).
+Uses nothing else of coldsnap."""
+
+from ._capsule import Capsule, Member, TagRecord
+from ._collect import (
+    capture_identity,
+    checkpoint_digests,
+    collect_platform,
+    file_sha256,
+    tree_digest,
+)
+from ._compat import Difference, check_compatible, diff_identities
+from ._convert import converter, from_json, make_converter, problems, record_digest, to_json
+from ._errors import (
+    ArtifactError,
+    IncompatibleArtifact,
+    IntegrityError,
+    RecordError,
+    StoreError,
+)
+from ._identity import (
+    EngineBuild,
+    FileDigest,
+    Identity,
+    ModelBinding,
+    Platform,
+    SnapshotDriver,
+    Topology,
+)
+from ._names import DIGEST_PREFIX, digest_problem, exactly, member_name_problem, tag_problem
+from ._store import GcReport, ObjectWriter, Store, VerifyReport
+
+__all__ = [
+    "DIGEST_PREFIX",
+    "ArtifactError",
+    "Capsule",
+    "Difference",
+    "EngineBuild",
+    "FileDigest",
+    "GcReport",
+    "Identity",
+    "IncompatibleArtifact",
+    "IntegrityError",
+    "Member",
+    "ModelBinding",
+    "ObjectWriter",
+    "Platform",
+    "RecordError",
+    "SnapshotDriver",
+    "Store",
+    "StoreError",
+    "TagRecord",
+    "Topology",
+    "VerifyReport",
+    "capture_identity",
+    "check_compatible",
+    "checkpoint_digests",
+    "collect_platform",
+    "converter",
+    "diff_identities",
+    "digest_problem",
+    "exactly",
+    "file_sha256",
+    "from_json",
+    "make_converter",
+    "member_name_problem",
+    "problems",
+    "record_digest",
+    "tag_problem",
+    "to_json",
+    "tree_digest",
+]

@@ -1,0 +1,66 @@
+"""What a digest, a member name and a tag may look like. Checked at every edge, so a record read
+from disk can never point outside the store (`..`, absolute paths) or at a malformed object."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+DIGEST_PREFIX = "sha256:"
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=@-]*")
+_TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def digest_problem(value: object) -> str | None:
+    """Why `value` is not a `sha256:<64 lowercase hex>` digest, or None."""
+    if not isinstance(value, str):
+        return f"a digest is a string, got {type(value).__name__}"
+    if not _DIGEST.fullmatch(value):
+        return f"{value!r} is not a digest of the form sha256:<64 lowercase hex digits>"
+    return None
+
+
+def check_digest(value: object, field: str = "digest") -> str:
+    problem = digest_problem(value)
+    if problem:
+        raise ValueError(f"{field}: {problem}")
+    return value  # type: ignore[return-value]
+
+
+def member_name_problem(value: object) -> str | None:
+    """A member name is a relative POSIX path of plain segments: no `..`, no `/` prefix, no
+    empty segment, no backslash or control characters."""
+    if not isinstance(value, str):
+        return f"a name is a string, got {type(value).__name__}"
+    if not value:
+        return "a name may not be empty"
+    if len(value) > 512:
+        return f"a name is at most 512 characters, got {len(value)}"
+    if value.startswith("/"):
+        return f"{value!r} is absolute; names are relative"
+    for segment in value.split("/"):
+        if segment in ("", ".", ".."):
+            return f"{value!r} has an empty, '.' or '..' segment"
+        if not _SEGMENT.fullmatch(segment):
+            return f"{value!r} has a segment with characters outside [A-Za-z0-9_.+=@-]"
+    return None
+
+
+def tag_problem(value: object) -> str | None:
+    """A tag (`tiny-llama`) names a capsule; it cannot be mistaken for a digest or a path."""
+    if not isinstance(value, str):
+        return f"a tag is a string, got {type(value).__name__}"
+    if value.startswith(DIGEST_PREFIX) or not _TAG.fullmatch(value):
+        return f"{value!r} is not a tag: 1-128 of [A-Za-z0-9_.-], starting with a letter or digit"
+    return None
+
+
+def exactly(expected: object) -> Any:
+    """An attrs validator for `format` and `kind`: the one value this code reads and writes."""
+
+    def check(_: object, attribute: Any, value: object) -> None:
+        if value != expected:
+            raise ValueError(f"{attribute.name}: expected {expected!r}, found {value!r}")
+
+    return check

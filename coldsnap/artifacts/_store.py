@@ -1,0 +1,469 @@
+"""A content-addressed object store in one local directory.
+
+Layout (directories 0700, files 0600, no symlinks anywhere):
+
+    objects/sha256/ab/<62 hex>   immutable objects, named by the sha256 of their bytes
+    capsules/<64 hex>            published capsules: an empty marker per capsule manifest
+    tags/<tag>                   a TagRecord naming a capsule (`tiny-llama` -> sha256:...)
+    tmp/                         files being written; renamed into objects/ when complete
+    locks/                       file locks (filelock): 256 object shards and the store lock
+
+Every object is written to tmp/, fsynced, then renamed: a reader never sees a partial object.
+A capsule becomes visible only when its marker is renamed into capsules/, after its manifest
+and every member are durable: a reader never sees a partial capsule.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import BinaryIO
+
+from attrs import frozen
+from filelock import FileLock
+
+from . import _fs
+from ._capsule import Capsule, TagRecord
+from ._convert import from_json, to_json
+from ._errors import IntegrityError, RecordError, StoreError
+from ._names import DIGEST_PREFIX, digest_problem, tag_problem
+
+_CHUNK = 8 << 20
+_HEX = frozenset("0123456789abcdef")
+
+
+@frozen
+class VerifyReport:
+    """What `Store.verify` found: how many objects it rehashed and each bad one with why."""
+
+    checked: int
+    bad: tuple[tuple[str, str], ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.bad
+
+
+@frozen
+class GcReport:
+    removed: tuple[str, ...]
+    freed_bytes: int
+    kept: int
+
+
+class ObjectWriter:
+    """Streams bytes into a new object, hashing while writing; `commit()` returns its digest.
+    Used as a context manager, an uncommitted writer removes its temporary file."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._tmp = store.root / "tmp" / f"{uuid.uuid4().hex}.part"
+        self._fd: int | None = _fs.create_exclusive(self._tmp)
+        self._sha = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._fd is None:
+            raise StoreError("write after commit or abort")
+        self._sha.update(data)
+        _fs.write_all(self._fd, data)
+        self.size += memoryview(data).nbytes
+
+    def commit(self) -> str:
+        if self._fd is None:
+            raise StoreError("commit after commit or abort")
+        fd, self._fd = self._fd, None
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        digest = DIGEST_PREFIX + self._sha.hexdigest()
+        self._store._install(self._tmp, digest)
+        return digest
+
+    def abort(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> ObjectWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.abort()
+
+
+class Store:
+    """A local content-addressed store of objects and the capsules that name them."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        try:
+            self.root.parent.mkdir(mode=_fs.DIR_MODE, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot make a store at {self.root}: {exc.strerror}") from None
+        _fs.private_dir(self.root)
+        for sub in ("objects", "objects/sha256", "capsules", "tags", "tmp", "locks"):
+            _fs.private_dir(self.root / sub)
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.root)!r})"
+
+    # objects ------------------------------------------------------------------------------
+
+    def writer(self) -> ObjectWriter:
+        return ObjectWriter(self)
+
+    def put_bytes(self, data: bytes | bytearray | memoryview) -> str:
+        with self.writer() as w:
+            w.write(data)
+            return w.commit()
+
+    def put_stream(self, stream: BinaryIO) -> str:
+        """Copies a readable binary stream in, hashing while copying."""
+        buffer = bytearray(_CHUNK)
+        view = memoryview(buffer)
+        with self.writer() as w:
+            while n := stream.readinto(buffer):  # type: ignore[attr-defined]
+                w.write(view[:n])
+            return w.commit()
+
+    def put_file(self, path: str | os.PathLike[str]) -> str:
+        """Copies a file in (any filesystem), hashing while copying."""
+        with open(path, "rb", buffering=0) as stream:
+            return self.put_stream(stream)
+
+    def adopt(self, path: str | os.PathLike[str], *, keep_original: bool = False) -> str:
+        """Takes a large file on the store's filesystem in without copying its bytes: it is
+        moved (or, with keep_original, hard-linked) into tmp/, hashed there, then renamed into
+        objects/. A kept original shares the object's inode and must not be modified."""
+        source = Path(path)
+        st = os.lstat(source)
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
+            raise StoreError(f"{source} is not a regular file (symlinks are refused)")
+        tmp_dir = self.root / "tmp"
+        if st.st_dev != os.stat(tmp_dir).st_dev:
+            raise StoreError(
+                f"{source} is on another filesystem than the store {self.root}; use put_file"
+            )
+        tmp = tmp_dir / f"{uuid.uuid4().hex}.adopt"
+        if keep_original:
+            os.link(source, tmp)
+        else:
+            os.rename(source, tmp)
+        try:
+            os.chmod(tmp, _fs.FILE_MODE, follow_symlinks=False)
+            fd = _fs.open_read(tmp)
+            try:
+                os.fsync(fd)
+                digest = _hash_fd(fd)
+            finally:
+                os.close(fd)
+            self._install(tmp, digest)
+        except BaseException:
+            if not keep_original and tmp.exists():
+                os.rename(tmp, source)  # give the caller's file back untouched
+            tmp.unlink(missing_ok=True)
+            raise
+        return digest
+
+    def has(self, digest: str) -> bool:
+        return _fs.regular_file(self._object_path(digest)) is not None
+
+    def size(self, digest: str) -> int:
+        return self._stat(digest).st_size
+
+    def path(self, digest: str) -> Path:
+        """The path of an existing object, for readers that open it themselves (no-follow)."""
+        self._stat(digest)
+        return self._object_path(digest)
+
+    def read_bytes(self, digest: str, *, verify: bool = True) -> bytes:
+        """A whole (small) object, rehashed unless verify=False."""
+        fd = _fs.open_read(self.path(digest))
+        try:
+            with os.fdopen(fd, "rb", closefd=False) as handle:
+                data = handle.read()
+        finally:
+            os.close(fd)
+        if verify and DIGEST_PREFIX + hashlib.sha256(data).hexdigest() != digest:
+            raise IntegrityError(f"object {digest} does not hash to its name")
+        return data
+
+    def objects(self) -> Iterator[str]:
+        base = self.root / "objects" / "sha256"
+        for shard in sorted(os.listdir(base)):
+            shard_path = base / shard
+            _fs.refuse_symlink(shard_path)
+            for rest in sorted(os.listdir(shard_path)):
+                name = shard + rest
+                if len(name) == 64 and set(name) <= _HEX:
+                    yield DIGEST_PREFIX + name
+
+    def verify_object(self, digest: str) -> None:
+        """Rehashes one object; IntegrityError when its bytes no longer match its name."""
+        fd = _fs.open_read(self.path(digest))
+        try:
+            found = _hash_fd(fd)
+        finally:
+            os.close(fd)
+        if found != digest:
+            raise IntegrityError(f"object {digest} is corrupt: its bytes hash to {found}")
+
+    def verify(self, digests: Iterable[str] | None = None, *, threads: int = 4) -> VerifyReport:
+        """Rehashes the given objects (all when None); symlinks and strays count as bad."""
+        bad: list[tuple[str, str]] = []
+        if digests is None:
+            bad += self._strays()
+            digests = list(self.objects())
+        todo = list(digests)
+
+        def one(digest: str) -> tuple[str, str] | None:
+            try:
+                self.verify_object(digest)
+            except StoreError as exc:
+                return (digest, str(exc))
+            return None
+
+        with ThreadPoolExecutor(max(1, threads)) as pool:
+            bad += [r for r in pool.map(one, todo) if r is not None]
+        return VerifyReport(checked=len(todo), bad=tuple(bad))
+
+    # capsules -----------------------------------------------------------------------------
+
+    def publish(self, capsule: Capsule, *, tag: str | None = None) -> str:
+        """Makes a capsule visible in one atomic step, after checking that every member is in
+        the store with its recorded size. Returns the digest of the capsule's manifest."""
+        if tag is not None and (problem := tag_problem(tag)):
+            raise StoreError(f"tag: {problem}")
+        with self._store_lock():
+            problems = []
+            for member in capsule.members:
+                st = _fs.regular_file(self._object_path(member.digest))
+                if st is None:
+                    problems.append(f"member {member.name!r}: object {member.digest} is missing")
+                elif st.st_size != member.size:
+                    problems.append(
+                        f"member {member.name!r}: size is {st.st_size}, the manifest says "
+                        f"{member.size}"
+                    )
+            if problems:
+                raise StoreError("cannot publish the capsule:\n  " + "\n  ".join(problems))
+            digest = self.put_bytes(to_json(capsule))
+            marker = self._marker(digest)
+            tmp = self.root / "tmp" / f"{uuid.uuid4().hex}.marker"
+            fd = _fs.create_exclusive(tmp)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            _fs.durable_replace(tmp, marker)
+            if tag is not None:
+                self._write_tag(tag, digest)
+        return digest
+
+    def capsules(self) -> list[str]:
+        """Digests of the published capsules."""
+        found = []
+        for name in sorted(os.listdir(self.root / "capsules")):
+            if len(name) == 64 and set(name) <= _HEX:
+                _fs.regular_file(self.root / "capsules" / name)
+                found.append(DIGEST_PREFIX + name)
+        return found
+
+    def capsule(self, ref: str) -> Capsule:
+        """A published capsule by tag or digest; its manifest is rehashed before parsing."""
+        digest = self.resolve(ref)
+        return from_json(self.read_bytes(digest), Capsule)
+
+    def resolve(self, ref: str) -> str:
+        """The digest of a published capsule, given a tag (`tiny-llama`) or a digest."""
+        if ref.startswith(DIGEST_PREFIX):
+            if problem := digest_problem(ref):
+                raise StoreError(problem)
+            digest = ref
+        else:
+            if problem := tag_problem(ref):
+                raise StoreError(problem)
+            digest = self._read_tag(ref).capsule
+        if _fs.regular_file(self._marker(digest)) is None:
+            raise StoreError(
+                f"no published capsule {digest}" + ("" if ref == digest else f" ({ref})")
+            )
+        return digest
+
+    def tag(self, tag: str, ref: str) -> str:
+        """Points `tag` at a published capsule (replacing what it pointed at)."""
+        if problem := tag_problem(tag):
+            raise StoreError(f"tag: {problem}")
+        with self._store_lock():
+            digest = self.resolve(ref)
+            self._write_tag(tag, digest)
+        return digest
+
+    def untag(self, tag: str) -> None:
+        if problem := tag_problem(tag):
+            raise StoreError(f"tag: {problem}")
+        with self._store_lock():
+            path = self.root / "tags" / tag
+            if _fs.regular_file(path) is None:
+                raise StoreError(f"no tag {tag!r}")
+            path.unlink()
+
+    def tags(self) -> dict[str, str]:
+        out = {}
+        for name in sorted(os.listdir(self.root / "tags")):
+            if tag_problem(name) is None:
+                out[name] = self._read_tag(name).capsule
+        return out
+
+    def unpublish(self, ref: str) -> str:
+        """Hides a capsule (and drops the tags naming it); its objects go at the next gc."""
+        with self._store_lock():
+            digest = self.resolve(ref)
+            for tag, target in self.tags().items():
+                if target == digest:
+                    (self.root / "tags" / tag).unlink()
+            self._marker(digest).unlink()
+            _fs.fsync_dir(self.root / "capsules")
+        return digest
+
+    def gc(self, *, grace_s: float = 3600.0) -> GcReport:
+        """Removes objects no published capsule reaches, and stale temporary files. Objects and
+        temporaries younger than `grace_s` are kept: they may belong to a capture that has not
+        published yet. Fails closed (removes nothing) if a published manifest is unreadable or
+        a symlink is found."""
+        with self._store_lock():
+            strays = self._strays()
+            if strays:
+                raise StoreError(
+                    "gc refused: " + "; ".join(f"{where}: {why}" for where, why in strays)
+                )
+            reachable: set[str] = set()
+            for digest in self.capsules():
+                try:
+                    manifest = from_json(self.read_bytes(digest), Capsule)
+                except (StoreError, RecordError) as exc:
+                    raise StoreError(f"gc refused: capsule {digest} is unreadable: {exc}") from exc
+                reachable.add(digest)
+                reachable.update(m.digest for m in manifest.members)
+            for tag, target in self.tags().items():
+                if _fs.regular_file(self._marker(target)) is None:
+                    (self.root / "tags" / tag).unlink()
+            horizon = time.time() - grace_s
+            removed, freed, kept = [], 0, 0
+            for digest in list(self.objects()):
+                if digest in reachable:
+                    kept += 1
+                    continue
+                with self._object_lock(digest):
+                    path = self._object_path(digest)
+                    st = _fs.regular_file(path)
+                    if st is None:
+                        continue
+                    if st.st_mtime > horizon:
+                        kept += 1
+                        continue
+                    path.unlink()
+                    removed.append(digest)
+                    freed += st.st_size
+            for entry in os.scandir(self.root / "tmp"):
+                if entry.stat(follow_symlinks=False).st_mtime <= horizon:
+                    os.unlink(entry.path)
+        return GcReport(removed=tuple(removed), freed_bytes=freed, kept=kept)
+
+    # internals ----------------------------------------------------------------------------
+
+    def _object_path(self, digest: str) -> Path:
+        if problem := digest_problem(digest):
+            raise StoreError(problem)
+        hexdigest = digest.removeprefix(DIGEST_PREFIX)
+        return self.root / "objects" / "sha256" / hexdigest[:2] / hexdigest[2:]
+
+    def _marker(self, digest: str) -> Path:
+        if problem := digest_problem(digest):
+            raise StoreError(problem)
+        return self.root / "capsules" / digest.removeprefix(DIGEST_PREFIX)
+
+    def _stat(self, digest: str) -> os.stat_result:
+        path = self._object_path(digest)
+        _fs.refuse_symlink(path.parent)
+        st = _fs.regular_file(path)
+        if st is None:
+            raise StoreError(f"no object {digest} in {self.root}")
+        return st
+
+    def _install(self, tmp: Path, digest: str) -> None:
+        """Renames a complete, fsynced temporary file to its object path; if the object is
+        already there (another writer won), keeps that one and refreshes its age for gc."""
+        path = self._object_path(digest)
+        with self._object_lock(digest):
+            _fs.private_dir(path.parent)
+            st = _fs.regular_file(path)
+            if st is not None:
+                os.utime(path, follow_symlinks=False)
+                tmp.unlink()
+                return
+            _fs.durable_replace(tmp, path)
+
+    def _object_lock(self, digest: str) -> FileLock:
+        shard = digest.removeprefix(DIGEST_PREFIX)[:2]
+        return FileLock(self.root / "locks" / f"objects-{shard}.lock", mode=_fs.FILE_MODE)
+
+    def _store_lock(self) -> FileLock:
+        return FileLock(self.root / "locks" / "store.lock", mode=_fs.FILE_MODE)
+
+    def _write_tag(self, tag: str, digest: str) -> None:
+        tmp = self.root / "tmp" / f"{uuid.uuid4().hex}.tag"
+        fd = _fs.create_exclusive(tmp)
+        try:
+            _fs.write_all(fd, to_json(TagRecord(tag=tag, capsule=digest)))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _fs.durable_replace(tmp, self.root / "tags" / tag)
+
+    def _read_tag(self, tag: str) -> TagRecord:
+        path = self.root / "tags" / tag
+        if _fs.regular_file(path) is None:
+            raise StoreError(f"no tag {tag!r} in {self.root}")
+        fd = _fs.open_read(path)
+        try:
+            with os.fdopen(fd, "rb", closefd=False) as handle:
+                record = from_json(handle.read(), TagRecord)
+        finally:
+            os.close(fd)
+        if record.tag != tag:
+            raise StoreError(f"tag file {tag!r} names {record.tag!r}")
+        return record
+
+    def _strays(self) -> list[tuple[str, str]]:
+        """Symlinks and non-regular entries anywhere in the store."""
+        found = []
+        for dirpath, dirnames, filenames in os.walk(self.root, followlinks=False):
+            for name in dirnames + filenames:
+                path = os.path.join(dirpath, name)
+                mode = os.lstat(path).st_mode
+                if stat.S_ISLNK(mode):
+                    found.append((path, "symlink (the store refuses symlinks)"))
+                elif not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                    found.append((path, "not a regular file or directory"))
+        return found
+
+
+def _hash_fd(fd: int) -> str:
+    sha = hashlib.sha256()
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    offset = 0
+    while n := os.preadv(fd, [buffer], offset):
+        sha.update(view[:n])
+        offset += n
+    return DIGEST_PREFIX + sha.hexdigest()

@@ -1,0 +1,63 @@
+"""Weight providers: where a restored process gets its weights. `native` refills the exported
+final storages in place; `recovery` reloads a pinned checkpoint plus the captured residual
+state. Uses coldsnap.artifacts only."""
+
+from ._errors import CheckpointError, HydrationFailed, LayoutMismatch, PackDamaged, ProviderError
+from ._layout import StorageGroup, TensorView, final_tensors, group_storages, layout_digest
+from .native import (
+    PREVERIFIED_ENV,
+    ExportResult,
+    Extent,
+    HydrateReport,
+    Hydrator,
+    PackDirectory,
+    PackFile,
+    PackIndex,
+    PackSource,
+    StorePack,
+    export_pack,
+    hydrate_pack,
+    import_pack,
+    pack_members,
+    verify_pack,
+)
+from .recovery import (
+    CheckpointFile,
+    PinnedCheckpoint,
+    RecoveryReport,
+    capture_residual,
+    load_recovery,
+)
+
+__all__ = [
+    "PREVERIFIED_ENV",
+    "CheckpointError",
+    "CheckpointFile",
+    "ExportResult",
+    "Extent",
+    "HydrateReport",
+    "HydrationFailed",
+    "Hydrator",
+    "LayoutMismatch",
+    "PackDamaged",
+    "PackDirectory",
+    "PackFile",
+    "PackIndex",
+    "PackSource",
+    "PinnedCheckpoint",
+    "ProviderError",
+    "RecoveryReport",
+    "StorageGroup",
+    "StorePack",
+    "TensorView",
+    "capture_residual",
+    "export_pack",
+    "final_tensors",
+    "group_storages",
+    "hydrate_pack",
+    "import_pack",
+    "layout_digest",
+    "load_recovery",
+    "pack_members",
+    "verify_pack",
+]

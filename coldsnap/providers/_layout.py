@@ -1,0 +1,219 @@
+"""The final storages of a model and their layout: which named tensors view which storage, with
+what dtype, shape, stride and offset. Both providers describe destinations this way, and the
+layout digest an identity binds is computed here."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+import torch
+from attrs import field, frozen
+
+from ._errors import LayoutMismatch
+
+DTYPES: dict[str, torch.dtype] = {
+    str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)
+}
+_NAME = re.compile(r"[A-Za-z0-9_:+-]+(\.[A-Za-z0-9_:+-]+)*")
+
+Tensors = Mapping[str, torch.Tensor] | torch.nn.Module
+
+
+def name_problem(value: object) -> str | None:
+    """Tensor names are dotted attribute paths: no `/`, no empty or `..` segment."""
+    if not isinstance(value, str):
+        return f"a tensor name is a string, got {type(value).__name__}"
+    if len(value) > 1024 or not _NAME.fullmatch(value):
+        return f"{value!r} is not a tensor name (dotted segments of [A-Za-z0-9_:+-])"
+    return None
+
+
+def _name(_: Any, attribute: attrs.Attribute, value: object) -> None:
+    if problem := name_problem(value):
+        raise ValueError(f"{attribute.name}: {problem}")
+
+
+def _dtype(_: Any, attribute: attrs.Attribute, value: object) -> None:
+    if value not in DTYPES:
+        raise ValueError(f"{attribute.name}: unknown dtype {value!r}")
+
+
+def _dims(_: Any, attribute: attrs.Attribute, value: tuple[int, ...]) -> None:
+    if len(value) > 64 or any(type(v) is not int or not 0 <= v < 1 << 62 for v in value):
+        raise ValueError(f"{attribute.name}: {value!r} is not a tuple of non-negative integers")
+
+
+def _count(_: Any, attribute: attrs.Attribute, value: object) -> None:
+    if type(value) is not int or not 0 <= value < 1 << 62:
+        raise ValueError(f"{attribute.name}: {value!r} is not a non-negative integer below 2**62")
+
+
+@frozen
+class TensorView:
+    """One named tensor as a view of its storage (`storage_offset` in elements)."""
+
+    name: str = field(validator=_name)
+    dtype: str = field(validator=_dtype)
+    shape: tuple[int, ...] = field(converter=tuple, validator=_dims)
+    stride: tuple[int, ...] = field(converter=tuple, validator=_dims)
+    storage_offset: int = field(validator=_count)
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.shape) != len(self.stride):
+            raise ValueError(
+                f"{self.name}: shape {self.shape} and stride {self.stride} differ in rank"
+            )
+
+    @property
+    def end_byte(self) -> int:
+        """One past the last byte of the storage this view touches (0 for an empty view)."""
+        if any(s == 0 for s in self.shape):
+            return 0
+        last = self.storage_offset + sum(
+            (s - 1) * st for s, st in zip(self.shape, self.stride, strict=False)
+        )
+        return (last + 1) * DTYPES[self.dtype].itemsize
+
+
+def view_of(name: str, tensor: torch.Tensor) -> TensorView:
+    return TensorView(
+        name=name,
+        dtype=str(tensor.dtype).removeprefix("torch."),
+        shape=tuple(tensor.shape),
+        stride=tuple(tensor.stride()),
+        storage_offset=tensor.storage_offset(),
+    )
+
+
+@frozen
+class StorageGroup:
+    """One storage of the destination and every name that views it (sorted by name)."""
+
+    nbytes: int
+    device: torch.device
+    views: tuple[TensorView, ...]
+    tensor: torch.Tensor = field(eq=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.views[0].name
+
+    def data_ptr(self) -> int:
+        return self.tensor.untyped_storage().data_ptr()
+
+    def bytes_view(self) -> torch.Tensor:
+        """A flat uint8 tensor over the whole storage, on its device (no copy)."""
+        storage = self.tensor.untyped_storage()
+        flat = torch.empty(0, dtype=torch.uint8, device=storage.device)
+        return flat.set_(storage, 0, (storage.nbytes(),), (1,))
+
+
+def final_tensors(
+    module: torch.nn.Module, *, non_persistent: bool = False
+) -> dict[str, torch.Tensor]:
+    """Parameters and persistent buffers of `module` under every name they have (a tied weight
+    appears under each of its names). With non_persistent=True, buffers the state dict leaves
+    out (rotary `inv_freq` and the like) are included too."""
+    out: dict[str, torch.Tensor] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        out[name] = param
+    for name, buffer in module.named_buffers(remove_duplicate=False):
+        if buffer is None:
+            continue
+        owner_name, _, leaf = name.rpartition(".")
+        owner = module.get_submodule(owner_name) if owner_name else module
+        if non_persistent or leaf not in owner._non_persistent_buffers_set:
+            out[name] = buffer
+    return out
+
+
+def as_mapping(tensors: Tensors) -> dict[str, torch.Tensor]:
+    """A name -> tensor mapping from a module (its final tensors) or a mapping (checked)."""
+    if isinstance(tensors, torch.nn.Module):
+        return final_tensors(tensors)
+    problems = []
+    for name, tensor in tensors.items():
+        if problem := name_problem(name):
+            problems.append(problem)
+        elif not isinstance(tensor, torch.Tensor):
+            problems.append(f"{name}: not a tensor ({type(tensor).__name__})")
+        elif tensor.layout != torch.strided or tensor.is_quantized or tensor.device.type == "meta":
+            problems.append(f"{name}: only dense strided tensors with storage can be exported")
+    if problems:
+        raise LayoutMismatch("the tensors cannot be described:", problems)
+    return dict(tensors)
+
+
+def group_storages(mapping: Mapping[str, torch.Tensor]) -> list[StorageGroup]:
+    """The storages behind `mapping`, each once, with all its names; sorted by first name.
+    Distinct storages must not overlap in memory (they would be written twice)."""
+    groups: dict[tuple[str, int], list[tuple[str, torch.Tensor]]] = {}
+    for name in sorted(mapping):
+        tensor = mapping[name]
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        # empty storages all have address 0: each one is its own group
+        key = (str(tensor.device), ptr if storage.nbytes() else -len(groups) - 1)
+        groups.setdefault(key, []).append((name, tensor))
+    out = []
+    spans: dict[str, list[tuple[int, int, str]]] = {}
+    for (device, ptr), members in groups.items():
+        tensor = members[0][1]
+        nbytes = tensor.untyped_storage().nbytes()
+        out.append(
+            StorageGroup(
+                nbytes=nbytes,
+                device=tensor.device,
+                views=tuple(view_of(n, t) for n, t in members),
+                tensor=tensor,
+            )
+        )
+        if nbytes:
+            spans.setdefault(device, []).append((ptr, ptr + nbytes, members[0][0]))
+    overlaps = []
+    for device_spans in spans.values():
+        device_spans.sort()
+        for (_, end, a), (start, _, b) in itertools.pairwise(device_spans):
+            if start < end:
+                overlaps.append(f"{a} and {b}: distinct storages overlap in memory")
+    if overlaps:
+        raise LayoutMismatch("the tensors cannot be described:", overlaps)
+    out.sort(key=lambda g: g.name)
+    return out
+
+
+def layout_of(views_and_sizes: Iterable[tuple[Iterable[TensorView], int]]) -> list[Any]:
+    """The canonical layout: per storage its size and sorted views, storages sorted by name."""
+    rows = []
+    for views, nbytes in views_and_sizes:
+        ordered = sorted(views, key=lambda v: v.name)
+        rows.append(
+            [
+                nbytes,
+                [
+                    [v.name, v.dtype, list(v.shape), list(v.stride), v.storage_offset]
+                    for v in ordered
+                ],
+            ]
+        )
+    rows.sort(key=lambda row: row[1][0][0] if row[1] else "")
+    return rows
+
+
+def layout_digest(tensors: Tensors | list[StorageGroup]) -> str:
+    """The tensor layout digest (names, dtypes, shapes, strides, offsets, storage sizes and
+    aliasing) an identity binds; equal for equal layouts whatever the tensors hold."""
+    groups = tensors if isinstance(tensors, list) else group_storages(as_mapping(tensors))
+    rows = layout_of((g.views, g.nbytes) for g in groups)
+    return digest_of_rows(rows)
+
+
+def digest_of_rows(rows: list[Any]) -> str:
+    text = json.dumps(rows, separators=(",", ":"), sort_keys=True).encode()
+    return "sha256:" + hashlib.sha256(text).hexdigest()

@@ -1,0 +1,227 @@
+"""Export: write each final storage of a model once, 4 KiB-aligned, into pack files, and an index
+that names every alias. Packs go to an export directory or straight into a store (hashed while
+written, so a multi-GB pack is never read back to be named)."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Protocol
+
+import xxhash
+from attrs import frozen
+
+from coldsnap.artifacts import DIGEST_PREFIX, Store
+
+from .._convert import dumps
+from .._layout import StorageGroup, Tensors, as_mapping, group_storages, layout_digest
+from . import _cuda
+from ._index import ALIGNMENT, Extent, PackFile, PackIndex
+from ._source import INDEX_NAME, pack_file_name
+
+DEFAULT_BLOCK_BYTES = 8 << 20
+DEFAULT_PACK_BYTES = 16 << 30
+_ZEROS = bytes(ALIGNMENT)
+
+
+@frozen
+class ExportResult:
+    """What `export_pack` wrote: the index, and where (a store's index digest or a directory)."""
+
+    index: PackIndex
+    index_digest: str | None
+    directory: Path | None
+    seconds: float
+
+    @property
+    def nbytes(self) -> int:
+        return self.index.nbytes
+
+
+class _Writer(Protocol):
+    def write(self, data: bytes | bytearray | memoryview) -> None: ...
+    def commit(self) -> str: ...
+    def abort(self) -> None: ...
+
+
+class _DirectoryWriter:
+    """A pack file in an export directory, hashed while written, named by its digest."""
+
+    def __init__(self, directory: Path) -> None:
+        self._dir = directory
+        self._tmp = directory / f".part-{uuid.uuid4().hex}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        self._fd: int | None = os.open(self._tmp, flags, 0o600)
+        self._sha = hashlib.sha256()
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        assert self._fd is not None
+        self._sha.update(data)
+        view = memoryview(data).cast("B")
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+    def commit(self) -> str:
+        assert self._fd is not None
+        fd, self._fd = self._fd, None
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        digest = DIGEST_PREFIX + self._sha.hexdigest()
+        os.replace(self._tmp, self._dir / pack_file_name(digest))
+        _fsync_dir(self._dir)
+        return digest
+
+    def abort(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._tmp.unlink(missing_ok=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def export_pack(
+    tensors: Tensors,
+    target: Store | str | os.PathLike[str],
+    *,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+    pack_bytes: int = DEFAULT_PACK_BYTES,
+) -> ExportResult:
+    """Writes the final storages of `tensors` (a module: its parameters and persistent buffers;
+    or a name -> tensor mapping, e.g. from an engine's weight registry) as packs plus an index.
+
+    `target` is a Store (packs and index become objects; `index_digest` names the index) or a
+    directory (created if absent; `index.json` and `<sha256>.pack` files; must not hold an
+    index already). Each storage is written once however many names alias it."""
+    if block_bytes <= 0 or block_bytes % ALIGNMENT:
+        raise ValueError(f"block_bytes: {block_bytes} is not a positive multiple of 4096")
+    start = time.perf_counter()
+    groups = group_storages(as_mapping(tensors))
+    directory = None if isinstance(target, Store) else Path(target)
+    if directory is not None:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if (directory / INDEX_NAME).exists():
+            raise FileExistsError(f"{directory} already holds a pack index")
+
+    def new_writer() -> _Writer:
+        if isinstance(target, Store):
+            return target.writer()
+        assert directory is not None
+        return _DirectoryWriter(directory)
+
+    packs: list[PackFile] = []
+    extents: list[Extent] = []
+    with ThreadPoolExecutor(1, thread_name_prefix="coldsnap-export-hash") as hasher:
+        for batch in _batches(groups, pack_bytes):
+            writer = new_writer()
+            try:
+                offset = 0
+                written: list[tuple[StorageGroup, int, str, tuple[str, ...]]] = []
+                for group in batch:
+                    pad = -offset % ALIGNMENT
+                    writer.write(_ZEROS[:pad])
+                    offset += pad
+                    sha, checksums = _write_storage(group, writer, block_bytes, hasher)
+                    written.append((group, offset, sha, checksums))
+                    offset += group.nbytes
+                digest = writer.commit()
+            except BaseException:
+                writer.abort()
+                raise
+            packs.append(PackFile(digest=digest, size=offset))
+            extents += [
+                Extent(views=g.views, nbytes=g.nbytes, pack=digest, offset=o, sha256=s, checksums=c)
+                for g, o, s, c in written
+            ]
+    index = PackIndex(
+        packs=tuple(packs),
+        extents=tuple(extents),
+        layout_digest=layout_digest(groups),
+        block_bytes=block_bytes,
+    )
+    data = dumps(index)
+    index_digest = None
+    if isinstance(target, Store):
+        index_digest = target.put_bytes(data)
+    else:
+        assert directory is not None
+        tmp = directory / f".index-{uuid.uuid4().hex}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, directory / INDEX_NAME)
+        _fsync_dir(directory)
+    return ExportResult(index, index_digest, directory, time.perf_counter() - start)
+
+
+def _batches(groups: list[StorageGroup], pack_bytes: int) -> Iterator[list[StorageGroup]]:
+    """Groups storages into packs of at most `pack_bytes` (a larger storage gets its own)."""
+    batch: list[StorageGroup] = []
+    size = 0
+    for group in groups:
+        aligned = -(-group.nbytes // ALIGNMENT) * ALIGNMENT
+        if batch and size + aligned > pack_bytes:
+            yield batch
+            batch, size = [], 0
+        batch.append(group)
+        size += aligned
+    if batch or not groups:
+        yield batch
+
+
+def _write_storage(
+    group: StorageGroup, writer: _Writer, block_bytes: int, hasher: ThreadPoolExecutor
+) -> tuple[str, tuple[str, ...]]:
+    """Writes one storage block by block; the extent's sha256 and block checksums are computed
+    on a second thread while the pack writer hashes and writes the same block."""
+    sha = hashlib.sha256()
+    checksums: list[str] = []
+
+    def digest_block(block: memoryview) -> None:
+        sha.update(block)
+        h = xxhash.xxh3_64()
+        h.update(block)
+        checksums.append(h.hexdigest())
+
+    for block in _storage_blocks(group, block_bytes):
+        pending = hasher.submit(digest_block, block)
+        writer.write(block)
+        pending.result()
+    return DIGEST_PREFIX + sha.hexdigest(), tuple(checksums)
+
+
+def _storage_blocks(group: StorageGroup, block_bytes: int) -> Iterator[memoryview]:
+    """The storage's bytes as host memory, one block at a time (zero-copy on CPU; through a
+    pinned buffer for CUDA storages)."""
+    nbytes = group.nbytes
+    if not nbytes:
+        return
+    if group.device.type == "cpu":
+        raw = (ctypes.c_char * nbytes).from_address(group.data_ptr())
+        view = memoryview(raw).cast("B")
+        for start in range(0, nbytes, block_bytes):
+            yield view[start : start + block_bytes]
+        return
+    if group.device.type == "cuda":
+        yield from _cuda.download_blocks(group.bytes_view(), block_bytes)
+        return
+    raise ValueError(f"{group.name}: cannot export a storage on device {group.device}")

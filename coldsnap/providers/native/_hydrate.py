@@ -1,0 +1,368 @@
+"""Hydration: fill the registered storages in place from a pack (data_ptr unchanged).
+
+Order of work, so that a bad pack never leaves a storage partly written:
+1. plan: the destination's layout must match the index exactly (`_plan`); pack files must be
+   regular files of their recorded size. Nothing is read yet.
+2. verify (unless preverified): reader threads read every block of every extent into the
+   staging ring with os.preadv and check its xxh3_64 checksum. Any failure stops here, with
+   every destination byte untouched. This is "verify extents into staging before writing".
+3. copy: CPU storages are filled by os.preadv straight into their memory (one copy, the same
+   as a memcpy from the page cache: a staging hop on CPU would be a second memcpy); CUDA
+   storages through the pinned ring and non-blocking host-to-device copies on a dedicated
+   stream (`_cuda.CudaStager`).
+
+Verification costs one extra read of the pack. A controller that has already verified the
+payload (for example while preparing a restore, before the old workload stops) sets
+COLDSNAP_ARTIFACT_PREVERIFIED=1 or passes verify=False and skips step 2.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import itertools
+import mmap
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+import xxhash
+from attrs import frozen
+
+from .._errors import HydrationFailed, PackDamaged
+from .._layout import Tensors, as_mapping
+from . import _cuda
+from ._index import PackIndex
+from ._plan import Job, plan
+from ._source import PackSource
+
+PREVERIFIED_ENV = "COLDSNAP_ARTIFACT_PREVERIFIED"
+DEFAULT_SLOT_BYTES = 8 << 20
+_VERIFY_PIECE = 2 << 20  # read-then-hash in pieces that stay in a core's L2 cache
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def verify_by_default() -> bool:
+    """Verification is on unless COLDSNAP_ARTIFACT_PREVERIFIED=1."""
+    return os.environ.get(PREVERIFIED_ENV, "") != "1"
+
+
+def default_threads() -> int:
+    return max(2, min(16, os.cpu_count() or 2))
+
+
+@frozen
+class HydrateReport:
+    nbytes: int
+    extents: int
+    verified: bool
+    verify_seconds: float
+    copy_seconds: float
+    threads: int
+
+    @property
+    def seconds(self) -> float:
+        return self.verify_seconds + self.copy_seconds
+
+    @property
+    def gib_per_s(self) -> float:
+        return self.nbytes / (1 << 30) / self.seconds if self.seconds else float("inf")
+
+
+class Hydrator:
+    """Reusable hydration machinery: reader threads and the staging ring, allocated once
+    (page-aligned anonymous memory for checking; a pinned ring per CUDA device, on first use)
+    and reused by every call. Not for concurrent calls; use one per thread of control."""
+
+    def __init__(
+        self,
+        *,
+        threads: int | None = None,
+        slot_bytes: int = DEFAULT_SLOT_BYTES,
+        cuda_slots: int | None = None,
+    ) -> None:
+        self.threads = threads or default_threads()
+        self.slot_bytes = slot_bytes
+        self.cuda_slots = cuda_slots or 2 * self.threads
+        self._ring = mmap.mmap(-1, self.threads * slot_bytes)  # page-aligned, private
+        self._ring_view = memoryview(self._ring)
+        self._stagers: dict[torch.device, _cuda.CudaStager] = {}
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="coldsnap-hydrate")
+        self._busy = threading.Lock()
+
+    def close(self) -> None:
+        self._pool.shutdown()
+        self._stagers.clear()
+        self._ring_view.release()
+        self._ring.close()
+
+    def __enter__(self) -> Hydrator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # public -------------------------------------------------------------------------------
+
+    def verify(self, source: PackSource, *, strong: bool = False) -> float:
+        """Checks every block of every extent against its checksum (and, with strong=True,
+        every extent against its sha256); PackDamaged if any fails. Returns the seconds."""
+        with self._busy, _PackFiles(source) as files:
+            extents = [(e, files) for e in source.index.extents]
+            seconds = self._verify(source.index, extents)
+            if strong:
+                seconds += self._verify_sha256(extents)
+            return seconds
+
+    def hydrate(
+        self, tensors: Tensors, source: PackSource, *, verify: bool | None = None
+    ) -> HydrateReport:
+        """Copies the pack into the storages of `tensors` (a module, or a name -> tensor
+        mapping of the final storages) in place. Raises LayoutMismatch or PackDamaged with
+        nothing written; HydrationFailed if the copy itself fails part-way."""
+        verify = verify_by_default() if verify is None else verify
+        mapping = as_mapping(tensors)
+        index = source.index
+        jobs = plan(index, mapping)
+        with self._busy, _PackFiles(source) as files:
+            verify_seconds = (
+                self._verify(index, [(job.extent, files) for job in jobs]) if verify else 0.0
+            )
+            copy_seconds = self._copy(jobs, files)
+        return HydrateReport(
+            nbytes=sum(job.extent.nbytes for job in jobs),
+            extents=len(jobs),
+            verified=verify,
+            verify_seconds=verify_seconds,
+            copy_seconds=copy_seconds,
+            threads=self.threads,
+        )
+
+    # steps --------------------------------------------------------------------------------
+
+    def _verify(self, index: PackIndex, extents: Sequence[tuple[Any, _PackFiles]]) -> float:
+        start = time.perf_counter()
+        block = index.block_bytes
+        tasks = [
+            (files.fd(extent.pack), extent, b)
+            for extent, files in extents
+            for b in range(len(extent.checksums))
+        ]
+        failures: list[str] = []
+
+        def check(task: tuple[int, Any, int], slot: memoryview) -> None:
+            fd, extent, b = task
+            begin = b * block
+            size = min(block, extent.nbytes - begin)
+            h = xxhash.xxh3_64()
+            done = 0
+            while done < size:
+                piece = min(len(slot), _VERIFY_PIECE, size - done)
+                got = os.preadv(fd, [slot[:piece]], extent.offset + begin + done)
+                if got != piece:
+                    failures.append(f"{extent.name}: block {b}: the pack ends early (short read)")
+                    return
+                h.update(slot[:piece])
+                done += piece
+            if h.hexdigest() != extent.checksums[b]:
+                failures.append(
+                    f"{extent.name}: block {b} (bytes {begin}..{begin + size} of the storage, "
+                    f"pack {extent.pack}): checksum expected {extent.checksums[b]}, "
+                    f"found {h.hexdigest()}"
+                )
+
+        self._run(tasks, check, stop=lambda: bool(failures))
+        if failures:
+            raise PackDamaged("the pack is damaged (nothing was written):", failures[:20])
+        return time.perf_counter() - start
+
+    def _verify_sha256(self, extents: Sequence[tuple[Any, _PackFiles]]) -> float:
+        start = time.perf_counter()
+        failures: list[str] = []
+
+        def check(task: tuple[Any, _PackFiles], slot: memoryview) -> None:
+            extent, files = task
+            sha = hashlib.sha256()
+            done = 0
+            while done < extent.nbytes:
+                piece = min(len(slot), extent.nbytes - done)
+                got = os.preadv(files.fd(extent.pack), [slot[:piece]], extent.offset + done)
+                if got != piece:
+                    failures.append(f"{extent.name}: the pack ends early (short read)")
+                    return
+                sha.update(slot[:piece])
+                done += piece
+            found = "sha256:" + sha.hexdigest()
+            if found != extent.sha256:
+                failures.append(f"{extent.name}: sha256 expected {extent.sha256}, found {found}")
+
+        self._run(list(extents), check, stop=lambda: bool(failures))
+        if failures:
+            raise PackDamaged("the pack is damaged:", failures[:20])
+        return time.perf_counter() - start
+
+    def _copy(self, jobs: list[Job], files: _PackFiles) -> float:
+        start = time.perf_counter()
+        chunk = self.slot_bytes
+        tasks: list[tuple[int, int, int, Job, int]] = []
+        stagers = []
+        for job in jobs:
+            extent, group = job.extent, job.group
+            if group.device.type == "cuda":
+                stager = self._stager(group.device)
+                if stager not in stagers:
+                    stagers.append(stager)
+            for begin in range(0, extent.nbytes, chunk):
+                size = min(chunk, extent.nbytes - begin)
+                tasks.append((files.fd(extent.pack), extent.offset + begin, size, job, begin))
+        targets: dict[int, Any] = {}
+        for job in jobs:  # resolve destination memory once per storage, before threads start
+            if job.group.device.type == "cpu" and job.group.nbytes:
+                targets[id(job)] = job.group.data_ptr()
+            elif job.group.device.type == "cuda":
+                targets[id(job)] = job.group.bytes_view()
+        for stager in stagers:
+            stager.begin()
+        errors: list[str] = []
+
+        def copy(task: tuple[int, int, int, Job, int], _: memoryview) -> None:
+            fd, offset, size, job, begin = task
+            try:
+                if job.group.device.type == "cpu":
+                    _read_into(fd, offset, targets[id(job)] + begin, size)
+                else:
+                    dest = targets[id(job)][begin : begin + size]
+                    self._stager(job.group.device).copy_from_file(fd, offset, size, dest)
+            except (OSError, EOFError, RuntimeError) as exc:
+                errors.append(f"{job.extent.name}: {exc}")
+
+        self._run(tasks, copy, stop=lambda: bool(errors))
+        for stager in stagers:
+            stager.synchronize()
+        if errors:
+            raise HydrationFailed(
+                "the copy failed part-way; these storages may be partly written and must not "
+                "be served:\n  " + "\n  ".join(errors[:20])
+            )
+        return time.perf_counter() - start
+
+    # machinery ----------------------------------------------------------------------------
+
+    def _stager(self, device: torch.device) -> _cuda.CudaStager:
+        stager = self._stagers.get(device)
+        if stager is None:
+            stager = _cuda.CudaStager(device, slot_bytes=self.slot_bytes, slots=self.cuda_slots)
+            self._stagers[device] = stager
+        return stager
+
+    def _run(
+        self,
+        tasks: Sequence[Any],
+        work: Callable[[Any, memoryview], None],
+        *,
+        stop: Callable[[], bool],
+    ) -> None:
+        """Runs `work(task, slot)` over tasks on the reader threads; each thread owns one slot
+        of the ring. Stops taking tasks once `stop()` is true."""
+        if not tasks:
+            return
+        counter = itertools.count()  # next() on a count is atomic under the GIL
+
+        def loop(slot: memoryview) -> None:
+            while not stop():
+                i = next(counter)
+                if i >= len(tasks):
+                    return
+                work(tasks[i], slot)
+
+        n = min(self.threads, len(tasks))
+        slots = [self._ring_view[i * self.slot_bytes : (i + 1) * self.slot_bytes] for i in range(n)]
+        futures = [self._pool.submit(loop, slot) for slot in slots]
+        for future in futures:
+            future.result()
+
+
+def _read_into(fd: int, offset: int, address: int, size: int) -> None:
+    """os.preadv straight into destination memory at `address`."""
+    view = memoryview((ctypes.c_char * size).from_address(address)).cast("B")
+    done = 0
+    while done < size:
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got <= 0:
+            raise EOFError(f"short read at byte {offset + done} of the pack")
+        done += got
+
+
+class _PackFiles:
+    """The pack files of a source, opened (no-follow) and checked against their recorded sizes
+    before any byte is read."""
+
+    def __init__(self, source: PackSource) -> None:
+        self._fds: dict[str, int] = {}
+        problems = []
+        for pack in source.index.packs:
+            try:
+                path = source.pack_path(pack.digest)
+                fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+            except PackDamaged as exc:
+                problems += list(exc.lines)
+                continue
+            except OSError as exc:
+                problems.append(f"pack {pack.digest}: cannot open: {exc.strerror}")
+                continue
+            self._fds[pack.digest] = fd
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                problems.append(f"pack {pack.digest}: not a regular file")
+            elif st.st_size != pack.size:
+                what = "truncated" if st.st_size < pack.size else "longer than recorded"
+                problems.append(
+                    f"pack {pack.digest}: {what}: {st.st_size} bytes, the index says {pack.size}"
+                )
+        if problems:
+            self.close()
+            raise PackDamaged("the pack files are not usable (nothing was written):", problems)
+
+    def fd(self, digest: str) -> int:
+        return self._fds[digest]
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __enter__(self) -> _PackFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_default: Hydrator | None = None
+_default_lock = threading.Lock()
+
+
+def _shared() -> Hydrator:
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Hydrator()
+        return _default
+
+
+def hydrate_pack(
+    tensors: Tensors, source: PackSource, *, verify: bool | None = None
+) -> HydrateReport:
+    """`Hydrator.hydrate` on a process-wide Hydrator (its ring is allocated once per process)."""
+    return _shared().hydrate(tensors, source, verify=verify)
+
+
+def verify_pack(source: PackSource, *, strong: bool = False) -> float:
+    """`Hydrator.verify` on the process-wide Hydrator: every block checksum, and with
+    strong=True every extent's sha256 too."""
+    return _shared().verify(source, strong=strong)

@@ -1,0 +1,21 @@
+"""The recovery weight provider: a pinned, verified checkpoint loaded into the model, plus the
+residual state (what the checkpoint does not hold) captured as a small native pack."""
+
+from ._checkpoint import CheckpointFile, PinnedCheckpoint
+from ._load import (
+    RecoveryReport,
+    capture_residual,
+    checkpoint_keys,
+    load_recovery,
+    recovery_tensors,
+)
+
+__all__ = [
+    "CheckpointFile",
+    "PinnedCheckpoint",
+    "RecoveryReport",
+    "capture_residual",
+    "checkpoint_keys",
+    "load_recovery",
+    "recovery_tensors",
+]

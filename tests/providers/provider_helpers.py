@@ -1,0 +1,69 @@
+"""Helpers for the provider tests: tiny Llama and Qwen3 models built at test time (random
+weights, tied embeddings, derived buffers, bf16 + fp32 + int8), and storage-byte snapshots."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Mapping
+
+import torch
+
+
+def _transformers():
+    """Imports transformers. If the installed torchvision cannot load against this torch (a
+    CUDA torchvision wheel next to a CPU torch), hide it: the text models need no vision."""
+    try:
+        importlib.import_module("torchvision")
+    except Exception:
+        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
+            del sys.modules[name]
+        sys.modules["torchvision"] = None  # type: ignore[assignment]
+    return importlib.import_module("transformers")
+
+
+def build_model(arch: str, *, seed: int, tied: bool = True) -> torch.nn.Module:
+    transformers = _transformers()
+    common = dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=tied,
+    )
+    torch.manual_seed(seed)
+    if arch == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+    elif arch == "qwen3":
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(head_dim=16, **common))
+    else:
+        raise ValueError(arch)
+    model = model.to(torch.bfloat16)
+    # mixed dtypes as quantized checkpoints have them: int8 codes with fp32 scales
+    mlp = model.model.layers[0].mlp
+    mlp.register_buffer("codes_int8", torch.randint(-128, 128, (32, 16), dtype=torch.int8))
+    mlp.register_buffer("scales_fp32", torch.rand(32, dtype=torch.float32))
+    # derived, non-persistent buffers get values that depend on the seed too
+    for module in model.modules():
+        if hasattr(module, "inv_freq"):
+            module.inv_freq.mul_(1.0 + seed / 100.0)
+    return model
+
+
+def storage_bytes(mapping: Mapping[str, torch.Tensor]) -> dict[str, bytes]:
+    """The whole storage behind each name, as bytes (NaN-safe comparison)."""
+    out = {}
+    for name, tensor in mapping.items():
+        storage = tensor.untyped_storage()
+        flat = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(
+            storage, 0, (storage.nbytes(),), (1,)
+        )
+        out[name] = flat.cpu().numpy().tobytes()
+    return out
+
+
+def data_ptrs(mapping: Mapping[str, torch.Tensor]) -> dict[str, int]:
+    return {name: t.data_ptr() for name, t in mapping.items()}
