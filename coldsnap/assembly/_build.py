@@ -21,6 +21,16 @@ PRELOAD = {
     "toy": ("torch", "safetensors.torch", "coldsnap.testing.toy_engine"),
     "sglang": ("torch", "sglang.launch_server", "sglang.srt.entrypoints.http_server"),
 }
+# What the template's forkserver imports, so the engine's children start warm (None: no
+# forkserver; the toy engine starts no children).
+FORKSERVER_PRELOAD = {
+    "toy": None,
+    "sglang": (
+        "torch",
+        "sglang.srt.managers.scheduler",
+        "sglang.srt.managers.detokenizer_manager",
+    ),
+}
 
 
 def components(
@@ -44,7 +54,11 @@ def components(
     if request.driver == "n610":
         driver: Any = N610Driver(launcher=launcher, cuda=cuda)
     else:
-        driver = N580Driver(launcher=launcher, preload=PRELOAD[request.engine])
+        driver = N580Driver(
+            launcher=launcher,
+            preload=PRELOAD[request.engine],
+            forkserver_preload=FORKSERVER_PRELOAD[request.engine],
+        )
     provider = NativeProvider() if request.provider == "native" else RecoveryProvider()
     return {
         "driver": driver,

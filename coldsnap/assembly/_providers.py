@@ -22,12 +22,17 @@ class NativeProvider:
     name = "native"
 
     def export(self, ctx: StepContext) -> dict[str, Any]:
-        payload = Path(ctx.facts["payload_dir"])
-        packs = _packs(payload)
+        """Finds the payload the engine exported at release: `<root>/tp<rank>/<role>/` packs
+        (an engine may put each release's export under a root of its own: take the newest)."""
+        exported = Path(ctx.facts["payload_dir"])
+        packs = _packs(exported)
         if not packs:
-            raise RuntimeError(f"the engine exported no pack under {payload}")
+            raise RuntimeError(f"the engine exported no pack under {exported}")
+        roots = {p.parent.parent for p in packs}
+        payload = max(roots, key=lambda r: r.stat().st_mtime)
         nbytes = sum(f.stat().st_size for f in payload.rglob("*") if f.is_file())
-        return {"payload_dir": str(payload), "payload_bytes": nbytes, "packs": len(packs)}
+        return {"payload_dir": str(payload), "payload_bytes": nbytes,
+                "packs": len(_packs(payload))}
 
     def discard_export(self, ctx: StepContext) -> None:
         payload = ctx.facts.get("payload_dir")

@@ -37,6 +37,7 @@ _CARRIED = (
     "runtime_dir",
     "cuda_pids",
     "template_id",
+    "forkserver_address",
     "image_bytes",
 )
 

@@ -31,12 +31,14 @@ class N580Driver:
         *,
         launcher: Launcher,
         preload: tuple[str, ...],
+        forkserver_preload: tuple[str, ...] | None = None,
         criu: Criu | None = None,
         control_root: Path = CONTROL_ROOT,
         python: str = sys.executable,
     ) -> None:
         self.launcher = launcher
         self.preload = preload
+        self.forkserver_preload = forkserver_preload
         self.criu = criu or Criu()
         self.control_root = control_root
         self.python = python
@@ -58,6 +60,11 @@ class N580Driver:
                 str(control),
                 "--preload",
                 ",".join(self.preload),
+                *(
+                    ("--forkserver-preload", ",".join(self.forkserver_preload))
+                    if self.forkserver_preload is not None
+                    else ()
+                ),
             ),
             env=engine.env,
             url=engine.url,
@@ -76,6 +83,7 @@ class N580Driver:
             "template_id": template_id,
             "control_dir": str(control),
             "import_seconds": status.get("import_seconds"),
+            "forkserver_address": status.get("forkserver_address"),
         }
 
     def stop_template(self, ctx: StepContext) -> None:
@@ -103,6 +111,7 @@ class N580Driver:
         control = self.control_root / capsule["template_id"]
         control.mkdir(parents=True, exist_ok=True, mode=0o700)
         (control / RELEASE).unlink(missing_ok=True)
+        _make_room_for_socket(capsule.get("forkserver_address"))
         tree = self.criu.restore(
             Path(ctx.facts["image_dir"]),
             work_dir=ctx.workdir / "criu-restore",
@@ -181,3 +190,15 @@ def _wait_status(
                 f"the template (pid {pid}) ended before '{state}'; see {ctx.workdir / 'engine.log'}"
             )
         time.sleep(0.02)
+
+
+def _make_room_for_socket(address: str | None) -> None:
+    """CRIU binds a restored listening unix socket at its old path: the directory must exist
+    (the template's exit removed it) and nothing may sit at the path (a crashed copy's socket).
+    """
+    if not address or address.startswith("\0"):
+        return
+    path = Path(address)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.is_socket():
+        path.unlink()

@@ -14,11 +14,12 @@ import argparse
 import importlib
 import json
 import os
-import random
 import runpy
 import sys
 import time
 from pathlib import Path
+
+from ._forkserver import reseed
 
 RELEASE = "release.json"
 STATUS = "status.json"
@@ -41,28 +42,23 @@ def _status(control: Path, state: str, **extra: object) -> None:
     os.replace(tmp, control / STATUS)
 
 
-def _reseed() -> None:
-    seed = int.from_bytes(os.urandom(8), "little")
-    random.seed(seed)
-    for name, call in (("numpy", "random.seed"), ("torch", "manual_seed")):
-        module = sys.modules.get(name)
-        if module is not None:
-            target = module
-            for part in call.split("."):
-                target = getattr(target, part)
-            target(seed % (2**32))
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="coldsnap-template")
     parser.add_argument("--control", required=True, type=Path)
     parser.add_argument("--preload", default="")
+    parser.add_argument("--forkserver-preload", default=None)
     args = parser.parse_args(argv)
     started = time.monotonic()
     for module in filter(None, args.preload.split(",")):
         importlib.import_module(module)
+    extra: dict[str, object] = {}
+    if args.forkserver_preload is not None:
+        from . import _forkserver
+
+        modules = list(filter(None, args.forkserver_preload.split(",")))
+        extra["forkserver_address"] = _forkserver.start(modules)
     args.control.mkdir(parents=True, exist_ok=True)
-    _status(args.control, "waiting", import_seconds=round(time.monotonic() - started, 3))
+    _status(args.control, "waiting", import_seconds=round(time.monotonic() - started, 3), **extra)
     release = args.control / RELEASE
     while not release.exists():
         time.sleep(POLL_S)
@@ -71,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.update(order.get("env", {}))
     if order.get("cwd"):
         os.chdir(order["cwd"])
-    _reseed()
+    reseed()
     _status(args.control, "released", module=order["module"])
     sys.argv = [order["module"], *order.get("args", [])]
     runpy.run_module(order["module"], run_name="__main__", alter_sys=True)

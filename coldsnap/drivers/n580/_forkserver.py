@@ -1,0 +1,75 @@
+"""Runs inside the template's multiprocessing forkserver (imported there as a preload module).
+
+SGLang starts its scheduler and detokenizer with the `spawn` method, which re-imports torch and
+SGLang in every child: most of a cold start. A template can instead start a forkserver that has
+imported them before the snapshot; children forked from it start warm. Two things differ from
+spawn, and this module puts them right in the forked child before its target runs:
+- the environment: a forkserver child inherits the forkserver's, frozen when the template was
+  launched; the template sends its current one (after release) in the preparation data;
+- the random state: every restored copy of the template would hand out the same one.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.spawn as _spawn
+import os
+import random
+import sys
+from typing import Any
+
+ENV_KEY = "coldsnap_env"
+_original_prepare = _spawn.prepare
+
+
+def reseed() -> None:
+    seed = int.from_bytes(os.urandom(8), "little")
+    random.seed(seed)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(seed % 2**32)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(seed % 2**63)
+
+
+def _prepare(data: dict[str, Any]) -> None:
+    env = data.pop(ENV_KEY, None)
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
+        reseed()
+    _original_prepare(data)
+
+
+_spawn.prepare = _prepare
+
+
+def start(preload: list[str]) -> str:
+    """Called in the template: starts the forkserver and routes SGLang's `spawn` to it.
+
+    Returns the forkserver's socket address, whose directory a restore must re-create."""
+    import multiprocessing
+    import multiprocessing.forkserver as forkserver
+
+    original = _spawn.get_preparation_data
+
+    def with_env(name: str) -> dict[str, Any]:
+        data = original(name)
+        data[ENV_KEY] = dict(os.environ)
+        return data
+
+    _spawn.get_preparation_data = with_env
+    multiprocessing.set_forkserver_preload([__name__, *preload])
+    forkserver.ensure_running()
+    # The forkserver imports its preload list before it serves anyone: one trivial child
+    # proves it has finished, so the snapshot holds a warm forkserver, not a half-imported one.
+    child = multiprocessing.get_context("forkserver").Process(target=os.getpid)
+    child.start()
+    child.join()
+    set_start_method = multiprocessing.set_start_method
+
+    def spawn_is_forkserver(method: str | None, force: bool = False) -> None:
+        set_start_method("forkserver" if method == "spawn" else method, force=force)
+
+    multiprocessing.set_start_method = spawn_is_forkserver  # type: ignore[assignment]
+    return str(forkserver._forkserver._forkserver_address)  # type: ignore[attr-defined]
