@@ -102,9 +102,14 @@ def cold_answers(model: Path, port: int) -> list[list[int]]:
 
 
 def live_engines() -> frozenset[str]:
+    """Engines and templates among this process's descendants (the drivers make it a child
+    subreaper, so restored trees are adopted here)."""
     found = set()
-    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
-        cmdline = " ".join(proc.info["cmdline"] or ())
-        if proc.info["status"] != psutil.STATUS_ZOMBIE and any(m in cmdline for m in MARKERS):
-            found.add(f"process:{proc.info['pid']}")
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            cmdline = " ".join(proc.cmdline())
+            if proc.status() != psutil.STATUS_ZOMBIE and any(m in cmdline for m in MARKERS):
+                found.add(f"process:{proc.pid}")
+        except psutil.NoSuchProcess:
+            continue
     return frozenset(found)
