@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -68,3 +69,12 @@ def _zombie(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except (OSError, IndexError):
         return False
+
+
+def discard_images(images: Path) -> None:
+    """Removes a dump's images but keeps CRIU's log beside them (`<images>.dump.log`): after a
+    failed dump the log is what says why."""
+    log = images / "dump.log"
+    if log.exists():
+        os.replace(log, images.with_name(images.name + ".dump.log"))
+    shutil.rmtree(images, ignore_errors=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 import uuid
@@ -16,7 +15,7 @@ from coldsnap.backends import Criu, refuse_gpu_mappings
 from coldsnap.machine import Skipped, StepContext
 
 from .._launcher import LaunchCommand, Launcher
-from .._processes import Processes
+from .._processes import Processes, discard_images
 from ._template import RELEASE, STATUS
 
 IMAGE_DIR = "template-image"
@@ -104,7 +103,7 @@ class N580Driver:
         }
 
     def discard_template(self, ctx: StepContext) -> None:
-        shutil.rmtree(ctx.workdir / IMAGE_DIR, ignore_errors=True)
+        discard_images(ctx.workdir / IMAGE_DIR)
 
     def restore_template(self, ctx: StepContext) -> dict[str, Any]:
         capsule = ctx.facts["capsule"]

@@ -8,7 +8,6 @@ CUDA driver's checkpoint API, and only then lets it run.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -17,7 +16,7 @@ from coldsnap.backends.procs import tree_pids
 from coldsnap.machine import Skipped, StepContext
 
 from .._launcher import Launcher
-from .._processes import Processes
+from .._processes import Processes, discard_images
 
 IMAGE_DIR = "image"
 
@@ -54,12 +53,17 @@ class N610Driver:
         cuda: CudaBackend | None = None,
         lock_timeout_s: float = 30.0,
         new_pid_namespace: bool = False,
+        restore_pid_namespace: bool = False,
     ) -> None:
+        """`new_pid_namespace` launches the engine in a PID namespace of its own (its images
+        then always restore into a fresh one); `restore_pid_namespace` restores any image into
+        a fresh one, so a copy can run while its PIDs are taken here (mind the engine's port)."""
         self.launcher = launcher
         self.criu = criu or Criu()
         self.cuda = cuda
         self.lock_timeout_s = lock_timeout_s
         self.new_pid_namespace = new_pid_namespace
+        self.restore_pid_namespace = restore_pid_namespace
         self.processes = Processes()
 
     # -- the source engine --------------------------------------------------------------------
@@ -143,7 +147,7 @@ class N610Driver:
         }
 
     def discard_dump(self, ctx: StepContext) -> None:
-        shutil.rmtree(ctx.workdir / IMAGE_DIR, ignore_errors=True)
+        discard_images(ctx.workdir / IMAGE_DIR)
 
     def restore(self, ctx: StepContext) -> dict[str, Any]:
         images = Path(ctx.facts["image_dir"])
@@ -152,6 +156,7 @@ class N610Driver:
             work_dir=ctx.workdir / "criu-restore",
             stopped=True,
             detached=True,
+            new_pid_namespace=self.restore_pid_namespace,
             timeout=ctx.remaining(),
         )
         capsule = ctx.facts["capsule"]
