@@ -1,0 +1,55 @@
+"""Backends: the leaves that snapshot processes (CRIU) and, on GPUs, the CUDA driver's state.
+
+They know nothing of engines, drivers or the machine, and import nothing else of coldsnap.
+"""
+
+from ._errors import (
+    BackendError,
+    CriuError,
+    CriuUnavailable,
+    GpuMappingFound,
+    LaunchError,
+    PidCollision,
+)
+from ._records import DumpManifest, RestoredTree, SavedFile
+from .criu import Criu, CriuVersion
+from .cuda_checkpoint import CudaCheckpoint, CudaCheckpointError
+from .launch import Launched, launch
+from .procs import (
+    GpuMapping,
+    become_subreaper,
+    check_pids_free,
+    gpu_mappings,
+    reap,
+    reap_children,
+    refuse_gpu_mappings,
+    stop_tree,
+    wait_gone,
+)
+
+__all__ = [
+    "BackendError",
+    "Criu",
+    "CriuError",
+    "CriuUnavailable",
+    "CriuVersion",
+    "CudaCheckpoint",
+    "CudaCheckpointError",
+    "DumpManifest",
+    "GpuMapping",
+    "GpuMappingFound",
+    "LaunchError",
+    "Launched",
+    "PidCollision",
+    "RestoredTree",
+    "SavedFile",
+    "become_subreaper",
+    "check_pids_free",
+    "gpu_mappings",
+    "launch",
+    "reap",
+    "reap_children",
+    "refuse_gpu_mappings",
+    "stop_tree",
+    "wait_gone",
+]

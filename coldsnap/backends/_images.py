@@ -1,0 +1,126 @@
+"""Reads the few facts coldsnap needs from a CRIU image directory, without CRIU's Python tools.
+
+pycriu/crit are not on PyPI, and we only need two things: the PIDs an image will take back
+(pstree.img, to detect a collision before CRIU fails on it) and the file paths it references
+(files.img, to keep the /dev/shm files it needs). Protobuf field numbers never change, so a
+small wire-format reader is enough. Image layout: two little-endian u32 magics, then entries,
+each a u32 size and a protobuf message.
+
+Standard library only: CRIU's post-dump hook runs it with `python -S` (see _files).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+
+
+class ImageFormatError(ValueError):
+    """An image file is not what CRIU writes."""
+
+
+class TaskIds(NamedTuple):
+    """One task of a dumped tree, with the PIDs as the image records them."""
+
+    pid: int
+    ppid: int
+    threads: tuple[int, ...]
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise ImageFormatError("truncated varint")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise ImageFormatError("varint too long")
+
+
+def _fields(msg: bytes) -> Iterator[tuple[int, int, int | bytes]]:
+    """Yields (field number, wire type, value) of one protobuf message."""
+    pos = 0
+    while pos < len(msg):
+        key, pos = _varint(msg, pos)
+        number, wire = key >> 3, key & 7
+        if wire == _VARINT:
+            value, pos = _varint(msg, pos)
+            yield number, wire, value
+        elif wire == _LEN:
+            size, pos = _varint(msg, pos)
+            if pos + size > len(msg):
+                raise ImageFormatError("truncated field")
+            yield number, wire, msg[pos : pos + size]
+            pos += size
+        elif wire == _I64:
+            pos += 8
+        elif wire == _I32:
+            pos += 4
+        else:
+            raise ImageFormatError(f"unsupported wire type {wire}")
+
+
+def _entries(path: Path) -> Iterator[bytes]:
+    data = path.read_bytes()
+    if len(data) < 8:
+        raise ImageFormatError(f"{path}: too short for a CRIU image")
+    pos = 8
+    while pos < len(data):
+        if pos + 4 > len(data):
+            raise ImageFormatError(f"{path}: truncated entry size")
+        (size,) = struct.unpack_from("<I", data, pos)
+        pos += 4
+        if pos + size > len(data):
+            raise ImageFormatError(f"{path}: truncated entry")
+        yield data[pos : pos + size]
+        pos += size
+
+
+def read_pstree(images_dir: Path) -> tuple[TaskIds, ...]:
+    """The tasks of the dumped tree (pstree.img), root first."""
+    tasks = []
+    for entry in _entries(images_dir / "pstree.img"):
+        pid = ppid = 0
+        threads: list[int] = []
+        for number, wire, value in _fields(entry):
+            if number == 1 and wire == _VARINT:
+                pid = int(value)  # type: ignore[arg-type]
+            elif number == 2 and wire == _VARINT:
+                ppid = int(value)  # type: ignore[arg-type]
+            elif number == 5 and wire == _VARINT:
+                threads.append(int(value))  # type: ignore[arg-type]
+            elif number == 5 and wire == _LEN:  # packed repeated
+                buf, pos = bytes(value), 0  # type: ignore[arg-type]
+                while pos < len(buf):
+                    tid, pos = _varint(buf, pos)
+                    threads.append(tid)
+        tasks.append(TaskIds(pid=pid, ppid=ppid, threads=tuple(threads)))
+    if not tasks:
+        raise ImageFormatError(f"{images_dir / 'pstree.img'}: no tasks")
+    return tuple(tasks)
+
+
+def read_file_paths(images_dir: Path) -> tuple[str, ...]:
+    """The paths of the regular files the image references (files.img), in image order."""
+    paths: list[str] = []
+    files_img = images_dir / "files.img"
+    if not files_img.exists():
+        return ()
+    for entry in _entries(files_img):
+        for number, wire, value in _fields(entry):
+            if number == 3 and wire == _LEN:  # file_entry.reg
+                for sub_number, sub_wire, sub_value in _fields(bytes(value)):  # type: ignore[arg-type]
+                    if sub_number == 6 and sub_wire == _LEN:  # reg_file_entry.name
+                        name = bytes(sub_value).decode("utf-8", "surrogateescape")  # type: ignore[arg-type]
+                        if name not in paths:
+                            paths.append(name)
+    return tuple(paths)

@@ -1,0 +1,562 @@
+"""CRIU as a backend: dump a process tree to an image directory, restore it, many times.
+
+Driven through the `criu` command line with subprocess, not CRIU's RPC (criu-facts.md): the
+CLI is the simplest interface and is safe to call from a multithreaded controller (nothing
+forks our process); pycriu, the RPC's Python side, is not on PyPI, and `criu service` rejects
+options a restore may need. Each call gets CRIU's full log (-v4) in its directory.
+
+The defaults are what a real SGLang tree needs (sglang-criu-facts.md):
+`--tcp-established` (TCPStore's loopback connection), `--network-lock skip` (no iptables/nft
+here; safe when both ends are inside the frozen tree), `--link-remap` (deleted POSIX semaphore
+files) and `--file-locks` (the scheduler flocks a /dev/shm file now and then), on dump and
+restore alike. Files outside the image that a restore needs are kept with it (_files).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import filelock
+from attrs import frozen
+
+from . import _files, procs
+from ._errors import CriuError, CriuUnavailable
+from ._images import ImageFormatError, TaskIds, read_pstree
+from ._log import first_error, first_error_in
+from ._records import (
+    DUMP_MANIFEST,
+    RESTORE_RECORD,
+    DumpManifest,
+    RestoredTree,
+    SavedFile,
+    read_record,
+    write_record,
+)
+
+MINIMUM_VERSION = (4, 2)
+DEFAULT_BINARIES = ("/usr/local/sbin/criu",)
+DUMP_LOG = "dump.log"
+RESTORE_LOG = "restore.log"
+# One restore at a time puts files back at their shared paths and runs CRIU on them.
+_RESTORE_LOCK = Path(tempfile.gettempdir()) / "coldsnap-criu-restore.lock"
+
+
+@frozen(order=True)
+class CriuVersion:
+    major: int
+    minor: int
+    sublevel: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> CriuVersion:
+        match = re.search(r"Version:\s*(\d+)\.(\d+)(?:\.(\d+))?", text)
+        if not match:
+            raise ValueError(f"no 'Version: X.Y' in {text!r}")
+        return cls(int(match[1]), int(match[2]), int(match[3] or 0))
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}.{self.sublevel}"
+
+
+def find_binary(binary: str | os.PathLike[str] | None = None) -> Path | None:
+    """The CRIU to use: `binary`, else $COLDSNAP_CRIU, else /usr/local/sbin/criu (what
+    scripts/setup-criu.sh installs), else `criu` on PATH."""
+    explicit = binary if binary is not None else os.environ.get("COLDSNAP_CRIU") or None
+    if explicit is not None:
+        return Path(explicit)  # asked for: never swapped for another; version() says if bad
+    for candidate in DEFAULT_BINARIES:
+        if os.access(candidate, os.X_OK) and Path(candidate).is_file():
+            return Path(candidate)
+    found = shutil.which("criu")
+    return Path(found) if found else None
+
+
+class Criu:
+    """One CRIU binary. Calls refuse (CriuUnavailable) unless it is at least MINIMUM_VERSION:
+    older CRIUs fail on these kernels, and none is ever picked silently instead."""
+
+    def __init__(
+        self,
+        binary: str | os.PathLike[str] | None = None,
+        *,
+        minimum: tuple[int, int] = MINIMUM_VERSION,
+        log_level: int = 4,
+    ) -> None:
+        self.binary = find_binary(binary)
+        self.minimum = minimum
+        self.log_level = log_level
+        self._version: CriuVersion | None = None
+        self._attached: dict[int, subprocess.Popen[bytes]] = {}
+
+    def __repr__(self) -> str:
+        return f"Criu({str(self.binary)!r})"
+
+    # -- what is there -------------------------------------------------------------------
+
+    def version(self) -> CriuVersion:
+        if self._version is None:
+            if self.binary is None:
+                raise CriuUnavailable("version", "no criu binary found; run scripts/setup-criu.sh")
+            try:
+                out = subprocess.run(
+                    [str(self.binary), "--version"], capture_output=True, text=True, timeout=30
+                )
+            except OSError as exc:
+                raise CriuUnavailable("version", f"cannot run {self.binary}: {exc}") from None
+            try:
+                self._version = CriuVersion.parse(out.stdout)
+            except ValueError:
+                raise CriuUnavailable(
+                    "version", f"{self.binary} --version said {out.stdout + out.stderr!r}"
+                ) from None
+        return self._version
+
+    def check(self) -> str:
+        """Runs `criu check`; returns its verdict or raises CriuUnavailable with the reason."""
+        self.require_version()
+        out = subprocess.run(
+            [str(self.binary), "check"], capture_output=True, text=True, timeout=60
+        )
+        text = (out.stdout + out.stderr).strip()
+        if out.returncode != 0:
+            raise CriuUnavailable(
+                "check",
+                f"{self.binary} check exited with {out.returncode}",
+                first_error=first_error(text) or (text.splitlines() or ["?"])[-1],
+                returncode=out.returncode,
+            )
+        return text.splitlines()[-1] if text else ""
+
+    def require_version(self) -> CriuVersion:
+        version = self.version()
+        if (version.major, version.minor) < self.minimum:
+            want = ".".join(map(str, self.minimum))
+            raise CriuUnavailable(
+                "version",
+                f"{self.binary} is CRIU {version}, below {want} (older CRIUs fail on these "
+                "kernels); run scripts/setup-criu.sh",
+            )
+        return version
+
+    def problem(self) -> str | None:
+        """Why this CRIU cannot be used here (not root, missing, too old, check fails), or
+        None when it can. Meant for skip reasons and preflight messages."""
+        if os.geteuid() != 0:
+            return f"CRIU needs root (running as uid {os.geteuid()})"
+        try:
+            self.check()
+        except CriuUnavailable as exc:
+            return str(exc)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"cannot run {self.binary}: {exc}"
+        return None
+
+    # -- dump ----------------------------------------------------------------------------
+
+    def dump(
+        self,
+        pid: int,
+        images_dir: str | os.PathLike[str],
+        *,
+        leave_running: bool = False,
+        tcp_established: bool = True,
+        network_lock: str = "skip",
+        link_remap: bool = True,
+        file_locks: bool = True,
+        shell_job: bool = False,
+        extra_files: Iterable[str | os.PathLike[str]] = (),
+        extra_args: Sequence[str] = (),
+        timeout: float | None = 600.0,
+    ) -> DumpManifest:
+        """Dumps the tree rooted at `pid` into `images_dir` (new or empty) and writes the
+        manifest there. The tree should run in its own session with no terminal (see
+        launch.launch); else pass `shell_job`. Without `leave_running` the tree is killed once
+        dumped: its root is the caller's to reap (its child, usually); the other members are
+        reaped here when we are their subreaper, so their PIDs are free for a restore.
+
+        `extra_files`: more paths (besides the image's /dev/shm files) to keep with the image
+        and put back before each restore.
+        """
+        images = Path(images_dir)
+        extras = [os.fspath(p) for p in extra_files]
+        for extra in extras:
+            if not os.path.isabs(extra):
+                raise ValueError(f"extra_files: {extra!r} is not an absolute path")
+        if _not_empty(images):
+            raise ValueError(f"images_dir: {images} exists and is not an empty directory")
+        if not procs.pid_exists(pid):
+            raise ValueError(f"pid: no process {pid}")
+        version = self.require_version()
+        images.mkdir(parents=True, exist_ok=True)
+        images = images.resolve()
+
+        args = [
+            "dump",
+            "-t",
+            str(pid),
+            "-D",
+            str(images),
+            "-o",
+            DUMP_LOG,
+            f"-v{self.log_level}",
+        ]
+        if leave_running:
+            args.append("--leave-running")
+        if tcp_established:
+            args.append("--tcp-established")
+        if network_lock:
+            args += ["--network-lock", network_lock]
+        if link_remap:
+            args.append("--link-remap")
+        if file_locks:
+            args.append("--file-locks")
+        if shell_job:
+            args.append("--shell-job")
+        args += list(extra_args)
+
+        with tempfile.TemporaryDirectory(prefix="coldsnap-criu-") as scratch:
+            save = [
+                sys.executable,
+                "-E",
+                "-s",
+                "-S",
+                str(Path(_files.__file__)),
+                str(images),
+                *extras,
+            ]
+            hook = _write_hook(
+                Path(scratch) / "post-dump.sh", "post-dump", [f"exec {shlex.join(save)}"]
+            )
+            started = time.perf_counter()
+            self._run("dump", [*args, "--action-script", str(hook)], images / DUMP_LOG, timeout)
+            seconds = time.perf_counter() - started
+
+        try:
+            tasks = read_pstree(images)
+        except (OSError, ImageFormatError) as exc:
+            raise CriuError(
+                "dump", f"the image has no readable pstree.img: {exc}", log_path=images / DUMP_LOG
+            ) from None
+        saved = tuple(
+            SavedFile(
+                path=p,
+                saved_as=_files.saved_name(p),
+                size=(images / _files.saved_name(p)).stat().st_size,
+            )
+            for p in _saved_paths(images)
+        )
+        if not leave_running and tasks[0].pid != 1:
+            # The dump killed the tree. Its members other than the root (the caller's child,
+            # whose status the caller may want) now belong to the nearest subreaper: if that
+            # is us, reap them so their PIDs are free for a restore.
+            _reap_leftovers(tasks[1:])
+        if not leave_running:
+            # CRIU leaves its link_remap.N links behind after a dump that kills the tree; the
+            # image has copies, and a leftover would make the next dump that picks the same
+            # N fail ("Can't link remap ... File exists").
+            _files.remove_link_remaps([f.path for f in saved])
+        manifest = DumpManifest(
+            root_pid=tasks[0].pid,
+            pids=tuple(sorted({t.pid for t in tasks} | {tid for t in tasks for tid in t.threads})),
+            own_pid_namespace=tasks[0].pid == 1,
+            leave_running=leave_running,
+            criu_version=str(version),
+            criu_args=tuple(args),
+            kernel=platform.release(),
+            seconds=round(seconds, 4),
+            image_bytes=sum(f.stat().st_size for f in images.rglob("*") if f.is_file()),
+            saved_files=saved,
+            created_at=time.time(),
+        )
+        write_record(images / DUMP_MANIFEST, manifest)
+        return manifest
+
+    # -- restore -------------------------------------------------------------------------
+
+    def restore(
+        self,
+        images_dir: str | os.PathLike[str],
+        *,
+        work_dir: str | os.PathLike[str] | None = None,
+        detached: bool = True,
+        stopped: bool = False,
+        pidfile: str | os.PathLike[str] | None = None,
+        new_pid_namespace: bool = False,
+        tcp_established: bool = True,
+        file_locks: bool = True,
+        extra_args: Sequence[str] = (),
+        timeout: float | None = 300.0,
+    ) -> RestoredTree:
+        """Restores an image; returns once the tree runs (or is left stopped, `stopped`).
+
+        - `work_dir` (new or empty; default a fresh folder under images_dir/restores) gets
+          CRIU's log, the pidfile and the restore record; the image directory is only read,
+          except for the files put back (see below).
+        - `detached`: CRIU exits and the tree is adopted by the nearest subreaper (see
+          procs.become_subreaper) or PID 1. Otherwise CRIU stays as the tree's parent.
+        - `new_pid_namespace`: CRIU runs as the init of a fresh PID namespace and stays (the
+          namespace ends when it does), so the image's PIDs need not be free here and the
+          original may still run. An image whose tree had its own PID namespace (launched with
+          new_pid_namespace) always restores into a new one: its PIDs never collide.
+        Before CRIU runs: the PIDs the image takes back are checked (PidCollision names the
+        holder), and the files saved at dump are put back.
+        """
+        images = Path(images_dir).resolve()
+        for needed in ("inventory.img", "pstree.img"):
+            if not (images / needed).is_file():
+                raise ValueError(f"images_dir: {images} has no {needed}: not a CRIU image")
+        manifest = _read_manifest(images)
+        tasks = read_pstree(images)
+        own_ns = tasks[0].pid == 1
+        new_pid_namespace = new_pid_namespace and not own_ns  # CRIU makes one for such images
+        attached = new_pid_namespace or not detached
+        if pidfile is not None and Path(pidfile).exists():
+            raise ValueError(f"pidfile: {pidfile} exists; CRIU needs a path that does not")
+        if work_dir is not None and _not_empty(Path(work_dir)):
+            raise ValueError(f"work_dir: {work_dir} exists and is not an empty directory")
+        if not own_ns and not new_pid_namespace:
+            procs.check_pids_free({t.pid for t in tasks} | {i for t in tasks for i in t.threads})
+        self.require_version()
+        work = _fresh_work_dir(images, work_dir)
+        pid_path = Path(pidfile) if pidfile is not None else work / "restored.pid"
+
+        args = [
+            "restore",
+            "-D",
+            str(images),
+            "-W",
+            str(work),
+            "-o",
+            RESTORE_LOG,
+            f"-v{self.log_level}",
+            "--pidfile",
+            str(pid_path.resolve()),
+        ]
+        if tcp_established:
+            args.append("--tcp-established")
+        if file_locks:
+            args.append("--file-locks")
+        if stopped:
+            args.append("--leave-stopped")
+        if not attached:
+            args.append("--restore-detached")
+        args += list(extra_args)
+        log_path = work / RESTORE_LOG
+
+        with filelock.FileLock(_RESTORE_LOCK):
+            put_back = [saved.path for saved in manifest.saved_files] if manifest else []
+            for path in put_back:
+                _files.put_back(images, path)
+            started = time.perf_counter()
+            try:
+                if attached:
+                    criu_pid, root = self._restore_attached(
+                        args, work, log_path, tasks[0].pid, new_pid_namespace, timeout
+                    )
+                else:
+                    self._run("restore", args, log_path, timeout)
+                    criu_pid, root = None, _read_pidfile(pid_path, log_path)
+            except CriuError:
+                if not attached:
+                    _reap_leftovers(tasks)
+                _files.remove_link_remaps(put_back)  # a successful restore consumes them
+                raise
+            seconds = time.perf_counter() - started
+
+        tree = RestoredTree(
+            pid=root,
+            images_dir=str(images),
+            work_dir=str(work),
+            log_path=str(log_path),
+            seconds=round(seconds, 4),
+            new_pid_namespace=new_pid_namespace or own_ns,
+            stopped=stopped,
+            criu_pid=criu_pid,
+        )
+        write_record(work / RESTORE_RECORD, tree)
+        return tree
+
+    def stop(self, tree: RestoredTree, timeout: float = 10.0) -> int | None:
+        """Stops a restored tree (SIGTERM, then SIGKILL) and reaps what is ours: the root when
+        we adopted it, and an attached CRIU. Returns the root's exit code when we reaped it
+        (None when CRIU was its parent)."""
+        code = procs.stop_tree(tree.pid, timeout)
+        popen = self._attached.pop(tree.criu_pid, None) if tree.criu_pid else None
+        if popen is not None:
+            try:
+                popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                popen.kill()
+                popen.wait(timeout)
+        return code
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _command(self, args: Sequence[str]) -> list[str]:
+        assert self.binary is not None
+        return [str(self.binary), *args]
+
+    def _run(self, operation: str, args: Sequence[str], log_path: Path, timeout: float | None):
+        try:
+            out = subprocess.run(
+                self._command(args),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:
+            raise CriuError(
+                operation,
+                f"timed out after {timeout} s",
+                log_path=log_path,
+                first_error=first_error_in(log_path),
+            ) from None
+        if out.returncode != 0:
+            raise CriuError(
+                operation,
+                f"exited with {out.returncode}",
+                log_path=log_path,
+                first_error=first_error_in(log_path)
+                or first_error(out.stderr)
+                or (out.stderr.strip().splitlines() or [None])[-1],
+                returncode=out.returncode,
+            )
+
+    def _restore_attached(
+        self,
+        args: list[str],
+        work: Path,
+        log_path: Path,
+        root_pid: int,
+        new_pid_namespace: bool,
+        timeout: float | None,
+    ) -> tuple[int, int]:
+        """Starts CRIU that stays as the tree's parent; waits for its post-resume hook."""
+        marker = work / "resumed"
+        tmp = shlex.quote(f"{marker}.tmp")
+        hook = _write_hook(
+            work / "restore-hook.sh",
+            "post-resume",
+            [
+                f'echo "${{CRTOOLS_INIT_PID:-0}}" > {tmp}',
+                f"mv {tmp} {shlex.quote(str(marker))}",
+            ],
+        )
+        command = self._command([*args, "--action-script", str(hook)])
+        if new_pid_namespace:
+            unshare = shutil.which("unshare")
+            if unshare is None:
+                raise CriuUnavailable("restore", "new_pid_namespace needs util-linux's `unshare`")
+            command = [unshare, "--pid", "--fork", "--mount-proc", *command]
+        popen = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + (timeout if timeout is not None else float("inf"))
+        while not marker.exists():
+            if popen.poll() is not None:
+                raise CriuError(
+                    "restore",
+                    f"exited with {popen.returncode}",
+                    log_path=log_path,
+                    first_error=first_error_in(log_path),
+                    returncode=popen.returncode,
+                )
+            if time.monotonic() > deadline:
+                procs.stop_tree(popen.pid, 5.0, 9)
+                popen.wait()
+                raise CriuError(
+                    "restore",
+                    f"timed out after {timeout} s",
+                    log_path=log_path,
+                    first_error=first_error_in(log_path),
+                )
+            time.sleep(0.002)
+        if new_pid_namespace:  # our child is `unshare`; CRIU, the namespace's init, is its child
+            root = _find_ns_pid(popen.pid, root_pid)
+        else:
+            root = int(marker.read_text().split()[-1])
+        self._attached[popen.pid] = popen
+        return popen.pid, root
+
+
+def _write_hook(path: Path, action: str, body: list[str]) -> Path:
+    """A CRIU action script that runs `body` for one action (CRIU calls it for each action,
+    and execs it directly: it must be an executable file)."""
+    lines = ["#!/bin/sh", f'[ "$CRTOOLS_SCRIPT_ACTION" = {action} ] || exit 0', *body]
+    path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o755)
+    return path
+
+
+def _saved_paths(images: Path) -> list[str]:
+    root = images / _files.SAVED_DIR
+    if not root.is_dir():
+        return []
+    return sorted("/" + str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def _read_manifest(images: Path) -> DumpManifest | None:
+    path = images / DUMP_MANIFEST
+    return read_record(path, DumpManifest) if path.exists() else None
+
+
+def _fresh_work_dir(images: Path, work_dir: str | os.PathLike[str] | None) -> Path:
+    if work_dir is None:
+        base = images / "restores"
+        base.mkdir(exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%dT%H%M%S-"), dir=base))
+    work = Path(work_dir).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    return work
+
+
+def _not_empty(path: Path) -> bool:
+    return path.exists() and (not path.is_dir() or any(path.iterdir()))
+
+
+def _reap_leftovers(tasks: Sequence[TaskIds]) -> None:
+    """Reaps killed tasks that were handed to us (we are their subreaper) so their PIDs are
+    free again: after a dump that killed the tree, after a restore that failed. Tasks that are
+    not ours are left to whoever reaps them."""
+    for task in tasks:
+        with contextlib.suppress(TimeoutError):
+            procs.wait_gone(task.pid, timeout=2.0 if procs.is_subreaper() else 0.2)
+
+
+def _read_pidfile(path: Path, log_path: Path) -> int:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError) as exc:
+        raise CriuError("restore", f"no PID in {path}: {exc}", log_path=log_path) from None
+
+
+def _find_ns_pid(ancestor: int, ns_pid: int) -> int:
+    """The PID here of the descendant of `ancestor` whose PID in its own namespace is ns_pid."""
+    for pid in procs.tree_pids(ancestor)[1:]:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("NSpid:"):
+                        ids = line.split()[1:]
+                        if len(ids) > 1 and int(ids[-1]) == ns_pid:
+                            return pid
+        except OSError:
+            continue
+    raise CriuError("restore", f"restored, but no process has PID {ns_pid} in the new namespace")

@@ -1,0 +1,400 @@
+"""The CUDA driver's process checkpoint API as a backend (cuda-bindings, no cuda-checkpoint binary).
+
+A controller process moves another process's GPU state into that process's own host memory
+(checkpoint) and back (restore) with `cuCheckpointProcess*` (gpu-facts.md). The controller
+needs only `cuInit(0)`: no context, no device memory. The target goes
+RUNNING -> lock -> LOCKED -> checkpoint -> CHECKPOINTED -> restore -> LOCKED -> unlock -> RUNNING;
+a LOCKED process blocks in its next CUDA call, so one must never be left locked.
+
+Every method reads the state first and does nothing when the process is already where the call
+would take it, so a step that is retried or compensated twice is harmless. The tree helpers
+compensate: if any process fails, every process they locked or checkpointed is restored and
+unlocked before the error is raised.
+
+One seam: the `driver` module (`cuda.bindings.driver`). Unit tests pass an in-memory fake.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ._errors import BackendError
+
+RUNNING, LOCKED, CHECKPOINTED, FAILED = "running", "locked", "checkpointed", "failed"
+STATES = (RUNNING, LOCKED, CHECKPOINTED, FAILED)
+_STATE_NAMES = {
+    "CU_PROCESS_STATE_RUNNING": RUNNING,
+    "CU_PROCESS_STATE_LOCKED": LOCKED,
+    "CU_PROCESS_STATE_CHECKPOINTED": CHECKPOINTED,
+    "CU_PROCESS_STATE_FAILED": FAILED,
+}
+REQUIRED_API = (
+    "cuInit",
+    "cuCheckpointProcessGetState",
+    "cuCheckpointProcessLock",
+    "cuCheckpointProcessCheckpoint",
+    "cuCheckpointProcessRestore",
+    "cuCheckpointProcessUnlock",
+    "CUcheckpointLockArgs",
+    "CUprocessState",
+    "CUresult",
+)
+
+
+class CudaCheckpointError(BackendError):
+    """A checkpoint API call failed or found the process in a state it cannot act on.
+
+    `result` is the CUresult name (for example CUDA_ERROR_NOT_READY) when the driver refused,
+    None when the state itself was wrong."""
+
+    def __init__(
+        self,
+        operation: str,
+        pid: int | None,
+        problem: str,
+        *,
+        result: str | None = None,
+        state: str | None = None,
+    ) -> None:
+        self.operation = operation
+        self.pid = pid
+        self.result = result
+        self.state = state
+        where = f" pid {pid}" if pid is not None else ""
+        parts = [f"cuda {operation}{where}: {problem}"]
+        if result:
+            parts.append(f"driver said {result}")
+        if state:
+            parts.append(f"process state {state}")
+        super().__init__("; ".join(parts))
+
+
+def _load_driver() -> Any:
+    from cuda.bindings import driver  # type: ignore[import-not-found]
+
+    return driver
+
+
+class CudaCheckpoint:
+    """The checkpoint API of one CUDA driver. `driver` defaults to `cuda.bindings.driver`,
+    imported and initialised (cuInit(0)) on first use."""
+
+    def __init__(self, driver: Any | None = None) -> None:
+        self._driver = driver
+        self._initialised = False
+        self._init_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"CudaCheckpoint(driver={getattr(self._driver, '__name__', self._driver)!r})"
+
+    # -- what is there -------------------------------------------------------------------
+
+    def problem(self) -> str | None:
+        """Why the API cannot be used here (no bindings, no driver or GPU, driver too old),
+        or None when it can. Never raises."""
+        try:
+            self._ready()
+        except CudaCheckpointError as exc:
+            return str(exc)
+        except Exception as exc:  # an unusable install can fail in any way; say how
+            return f"cuda checkpoint API unusable: {type(exc).__name__}: {exc}"
+        return None
+
+    def available(self) -> bool:
+        """True when bindings import, cuInit(0) succeeds and the checkpoint API is present.
+        False on a machine without an NVIDIA driver; never raises."""
+        return self.problem() is None
+
+    def _ready(self) -> Any:
+        with self._init_lock:
+            if self._driver is None:
+                try:
+                    self._driver = _load_driver()
+                except ImportError as exc:
+                    raise CudaCheckpointError(
+                        "init", None, f"cuda-bindings is not importable ({exc})"
+                    ) from None
+            driver = self._driver
+            if not self._initialised:
+                missing = [name for name in REQUIRED_API if not hasattr(driver, name)]
+                if missing:
+                    raise CudaCheckpointError(
+                        "init",
+                        None,
+                        "the driver bindings lack the checkpoint API "
+                        f"({', '.join(missing)}); it needs driver r570+ and cuda-bindings 12.8+",
+                    )
+                (err,) = _as_tuple(driver.cuInit(0))
+                if not _ok(driver, err):
+                    raise CudaCheckpointError(
+                        "init", None, "cuInit(0) failed", result=_name(driver, err)
+                    )
+                self._initialised = True
+            return driver
+
+    # -- one process ---------------------------------------------------------------------
+
+    def state(self, pid: int) -> str:
+        """'running', 'locked', 'checkpointed' or 'failed'. Raises CudaCheckpointError when
+        the driver knows no CUDA process `pid` (see has_context)."""
+        driver = self._ready()
+        err, value = _as_tuple(driver.cuCheckpointProcessGetState(int(pid)))
+        if not _ok(driver, err):
+            raise CudaCheckpointError(
+                "get-state", pid, "the driver has no CUDA state for it", result=_name(driver, err)
+            )
+        return _state_name(driver, value)
+
+    def has_context(self, pid: int) -> bool:
+        """True when the driver reports a checkpoint state for `pid`, that is when the process
+        has initialised CUDA. False for a process without CUDA, or one that is gone."""
+        try:
+            self.state(pid)
+        except CudaCheckpointError as exc:
+            if exc.operation == "init":
+                raise
+            return False
+        return True
+
+    def lock(self, pid: int, timeout_s: float = 30.0) -> str:
+        """RUNNING -> LOCKED: waits up to timeout_s for the process's queued GPU work and
+        blocks its further CUDA calls. A timeout leaves it RUNNING and raises (CUresult
+        CUDA_ERROR_NOT_READY here). No-op when it is already LOCKED or CHECKPOINTED.
+        Returns the state before the call."""
+        if timeout_s < 0:
+            raise ValueError(f"timeout_s: {timeout_s} is negative")
+        before = self._expect("lock", pid, act_on=(RUNNING,), done=(LOCKED, CHECKPOINTED), wrong=())
+        if before == RUNNING:
+            driver = self._ready()
+            args = driver.CUcheckpointLockArgs()
+            # 0 means "no timeout" to the driver; never let a rounding make it that.
+            args.timeoutMs = max(1, round(timeout_s * 1000)) if timeout_s else 0
+            self._call("lock", pid, driver.cuCheckpointProcessLock, args)
+        return before
+
+    def checkpoint(self, pid: int) -> str:
+        """LOCKED -> CHECKPOINTED: device memory moves into the process's host memory and the
+        GPU is released. No-op when CHECKPOINTED; refuses a RUNNING process (lock first)."""
+        before = self._expect("checkpoint", pid, act_on=(LOCKED,), done=(CHECKPOINTED,),
+                              wrong=(RUNNING,), hint="lock it first")  # fmt: skip
+        if before == LOCKED:
+            driver = self._ready()
+            self._call("checkpoint", pid, driver.cuCheckpointProcessCheckpoint, None)
+        return before
+
+    def restore(self, pid: int) -> str:
+        """CHECKPOINTED -> LOCKED: device memory comes back at the same addresses. No-op when
+        the process is LOCKED or RUNNING (nothing is checkpointed)."""
+        before = self._expect("restore", pid, act_on=(CHECKPOINTED,), done=(LOCKED, RUNNING),
+                              wrong=())  # fmt: skip
+        if before == CHECKPOINTED:
+            driver = self._ready()
+            self._call("restore", pid, driver.cuCheckpointProcessRestore, None)
+        return before
+
+    def unlock(self, pid: int) -> str:
+        """LOCKED -> RUNNING. No-op when RUNNING; refuses a CHECKPOINTED process (restore
+        first)."""
+        before = self._expect("unlock", pid, act_on=(LOCKED,), done=(RUNNING,),
+                              wrong=(CHECKPOINTED,), hint="restore it first")  # fmt: skip
+        if before == LOCKED:
+            driver = self._ready()
+            self._call("unlock", pid, driver.cuCheckpointProcessUnlock, None)
+        return before
+
+    # -- process trees -------------------------------------------------------------------
+
+    def cuda_pids(self, pids: Iterable[int]) -> list[int]:
+        """The members of `pids` that have CUDA state, in order, each once."""
+        return [pid for pid in dict.fromkeys(int(p) for p in pids) if self.has_context(pid)]
+
+    def lock_all(self, pids: Iterable[int], timeout_s: float = 30.0) -> list[int]:
+        """Locks every CUDA process of `pids` (processes without CUDA are skipped). If one
+        fails, those this call locked are unlocked again before the error is raised. Returns
+        the CUDA pids."""
+        targets = self.cuda_pids(pids)
+        locked: list[int] = []
+        try:
+            for pid in targets:
+                if self.lock(pid, timeout_s) == RUNNING:
+                    locked.append(pid)
+        except BaseException as exc:
+            for note in self._compensate([], locked):
+                exc.add_note(note)
+            raise
+        return targets
+
+    def unlock_all(self, pids: Iterable[int]) -> list[int]:
+        """Unlocks every locked process of `pids`, going on past failures (the first is
+        raised at the end, the others as notes). Returns the pids."""
+        targets = list(dict.fromkeys(int(p) for p in pids))
+        _raise_first(_attempt_each(targets, self.unlock))
+        return targets
+
+    def checkpoint_all(
+        self, pids: Iterable[int], lock_timeout_s: float = 30.0, *, parallel: bool = True
+    ) -> list[int]:
+        """Locks every CUDA process of `pids` (processes without CUDA are skipped), then
+        checkpoints them (in parallel threads when `parallel`): no process moves until all
+        are frozen. Returns the CUDA pids.
+
+        On any failure, what this call did is undone before the first error is raised: each
+        process it checkpointed is restored, each it locked is unlocked (a process that was
+        already locked when the call began is left locked, as it was found). Compensation
+        failures are attached to the error as notes."""
+        targets = self.cuda_pids(pids)
+        locked: list[int] = []
+        checkpointed: list[int] = []
+        progress = threading.Lock()
+
+        def checkpoint(pid: int) -> None:
+            if self.checkpoint(pid) == LOCKED:
+                with progress:
+                    checkpointed.append(pid)
+
+        try:
+            for pid in targets:
+                if self.lock(pid, lock_timeout_s) == RUNNING:
+                    locked.append(pid)
+            self._each("checkpoint", targets, checkpoint, parallel)
+        except BaseException as exc:
+            # A checkpoint that failed half-way may have left its process CHECKPOINTED
+            # without returning: restore whatever is checkpointed among the targets.
+            for pid in targets:
+                if pid not in checkpointed and self._state_or_none(pid) == CHECKPOINTED:
+                    checkpointed.append(pid)
+            for note in self._compensate(checkpointed, locked):
+                exc.add_note(note)
+            raise
+        return targets
+
+    def restore_all(self, pids: Iterable[int], *, parallel: bool = True) -> list[int]:
+        """Restores every checkpointed process of `pids` (the CUDA pids checkpoint_all
+        returned; in parallel threads when `parallel`), then unlocks them all, also when some
+        restore failed, so that no process that could run stays locked. A pid without CUDA
+        state is an error here. The first error is raised at the end, the others as notes.
+        Returns the pids."""
+        targets = list(dict.fromkeys(int(p) for p in pids))
+        errors: list[BaseException] = []
+        try:
+            self._each("restore", targets, self.restore, parallel)
+        except BaseException as exc:
+            errors.append(exc)
+        for pid in targets:
+            if self._state_or_none(pid) == LOCKED:
+                errors += _attempt_each([pid], self.unlock)
+        _raise_first(errors)
+        return targets
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _expect(
+        self,
+        operation: str,
+        pid: int,
+        *,
+        act_on: Sequence[str],
+        done: Sequence[str],
+        wrong: Sequence[str],
+        hint: str = "",
+    ) -> str:
+        state = self.state(pid)
+        if state in act_on or state in done:
+            return state
+        if state == FAILED:
+            raise CudaCheckpointError(
+                operation, pid, "the process is in the driver's FAILED state", state=state
+            )
+        assert state in wrong, state
+        raise CudaCheckpointError(
+            operation, pid, f"cannot {operation} a {state} process" + (f": {hint}" if hint else ""),
+            state=state,
+        )  # fmt: skip
+
+    def _call(self, operation: str, pid: int, fn: Callable[..., Any], args: Any) -> None:
+        driver = self._ready()
+        (err,) = _as_tuple(fn(int(pid), args))[:1]
+        if not _ok(driver, err):
+            try:
+                state = self.state(pid)
+            except CudaCheckpointError:
+                state = None
+            raise CudaCheckpointError(
+                operation, pid, "the driver refused", result=_name(driver, err), state=state
+            )
+
+    def _each(
+        self, operation: str, pids: list[int], fn: Callable[[int], Any], parallel: bool
+    ) -> None:
+        """fn(pid) for each pid, in threads when `parallel`; waits for all, raises the first
+        error (the others as notes)."""
+        if not parallel or len(pids) < 2:
+            for pid in pids:
+                fn(pid)
+            return
+        with ThreadPoolExecutor(len(pids), thread_name_prefix=f"coldsnap-cuda-{operation}") as ex:
+            futures = [ex.submit(fn, pid) for pid in pids]
+        _raise_first([e for e in (f.exception() for f in futures) if e is not None])
+
+    def _state_or_none(self, pid: int) -> str | None:
+        try:
+            return self.state(pid)
+        except CudaCheckpointError:
+            return None
+
+    def _compensate(self, checkpointed: list[int], locked: list[int]) -> list[str]:
+        """Restores `checkpointed`, then unlocks `locked`; one note per step that failed."""
+        notes = [f"compensation: {e}" for e in _attempt_each(checkpointed, self.restore)]
+        notes += [f"compensation: {e}" for e in _attempt_each(locked, self.unlock)]
+        return notes
+
+
+def _attempt_each(pids: Iterable[int], fn: Callable[[int], Any]) -> list[BaseException]:
+    errors: list[BaseException] = []
+    for pid in pids:
+        try:
+            fn(pid)
+        except Exception as exc:
+            errors.append(exc)
+    return errors
+
+
+def _raise_first(errors: list[BaseException]) -> None:
+    if errors:
+        for other in errors[1:]:
+            errors[0].add_note(f"also: {other}")
+        raise errors[0]
+
+
+def _as_tuple(value: Any) -> tuple[Any, ...]:
+    """cuda-bindings returns (CUresult, value...) or, for a call with no value, (CUresult,)."""
+    return tuple(value) if isinstance(value, tuple | list) else (value,)
+
+
+def _ok(driver: Any, err: Any) -> bool:
+    return err == driver.CUresult.CUDA_SUCCESS
+
+
+def _name(driver: Any, err: Any) -> str:
+    name = getattr(err, "name", None)
+    if isinstance(name, str):
+        return name
+    try:
+        return driver.CUresult(err).name
+    except Exception:
+        return f"CUresult {int(err)}"
+
+
+def _state_name(driver: Any, value: Any) -> str:
+    name = getattr(value, "name", None)
+    if not isinstance(name, str):
+        try:
+            name = driver.CUprocessState(value).name
+        except Exception:
+            name = None
+    if name not in _STATE_NAMES:
+        raise CudaCheckpointError("get-state", None, f"unknown process state {value!r}")
+    return _STATE_NAMES[name]

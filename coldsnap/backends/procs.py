@@ -1,0 +1,248 @@
+"""Process-tree chores around snapshots: adopting and reaping, stopping, PID collisions, and
+the check for NVIDIA driver state.
+
+Why these matter: a restore takes back the dumped PIDs and fails while any of them is held,
+also by a zombie nobody reaped (PID 1 on these VMs reaps orphans lazily). A controller that is
+a child subreaper adopts what `criu restore -d` detaches and can reap it itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fnmatch
+import os
+import signal
+import time
+from collections.abc import Iterable
+
+import psutil
+from attrs import frozen
+
+from ._errors import GpuMappingFound, PidCollision
+
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
+
+# Paths that mean "this process holds NVIDIA driver state": the driver's device files, which a
+# process opens and maps from cuInit on (and NVML's init). Measured on the H200 machine: a
+# process that only imported a CUDA build of torch maps libcuda.so but no device file, and
+# after a CRIU dump and restore it initialized CUDA and computed on the GPU, twice. So loaded
+# driver libraries alone are allowed by default; `strict=True` refuses them too.
+GPU_STATE_PATTERNS: tuple[str, ...] = ("/dev/nvidia*",)
+NVIDIA_LIBRARY_PATTERNS: tuple[str, ...] = (
+    "*/libcuda.so*",
+    "*/libnvidia-*.so*",
+    "*/libnvcuvid.so*",
+)
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def become_subreaper(enable: bool = True) -> None:
+    """Makes this process adopt orphaned descendants (prctl PR_SET_CHILD_SUBREAPER); with
+    `enable=False`, stops doing so (orphans then go to the next subreaper up, or PID 1)."""
+    if _libc().prctl(_PR_SET_CHILD_SUBREAPER, int(enable), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(err)}")
+
+
+def is_subreaper() -> bool:
+    flag = ctypes.c_int(0)
+    if _libc().prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_GET_CHILD_SUBREAPER): {os.strerror(err)}")
+    return bool(flag.value)
+
+
+def reap(pid: int) -> int | None:
+    """Reaps `pid` if it is a child of ours that has ended. Returns its exit code (negative:
+    killed by that signal), or None when it still runs or is not our child."""
+    try:
+        got, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    if got == 0:
+        return None
+    return os.waitstatus_to_exitcode(status)
+
+
+def reap_children() -> dict[int, int]:
+    """Reaps every ended child of ours (adopted ones too). Returns {pid: exit code}."""
+    reaped: dict[int, int] = {}
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return reaped
+        if pid == 0:
+            return reaped
+        reaped[pid] = os.waitstatus_to_exitcode(status)
+
+
+def pid_exists(pid: int) -> bool:
+    """True while anything holds `pid` in our PID namespace: a process, a thread or a zombie."""
+    return os.path.exists(f"/proc/{pid}")
+
+
+def wait_gone(pid: int, timeout: float = 10.0) -> int | None:
+    """Waits until `pid` is free, reaping it when it is our child. Returns its exit code when
+    we reaped it. Raises TimeoutError naming what still holds it."""
+    deadline = time.monotonic() + timeout
+    code: int | None = None
+    while True:
+        got = reap(pid)
+        if got is not None:
+            code = got
+        if not pid_exists(pid):
+            return code
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"PID {pid} is still held by {describe_pid(pid)} after {timeout} s")
+        time.sleep(0.01)
+
+
+def describe_pid(pid: int) -> str:
+    """Says what holds a PID: name, state and parent; a thread is named by its process."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+    except OSError:
+        return "nothing (it is free now)"
+    name, state = fields.get("Name", "?"), fields.get("State", "?")
+    tgid, ppid = int(fields.get("Tgid", pid)), fields.get("PPid", "?")
+    what = f"'{name}' (state {state}, parent {ppid})"
+    what = f"a thread of process {tgid} {what}" if tgid != pid else f"process {what}"
+    if state.startswith("Z"):
+        what += ", a zombie its parent has not reaped"
+    return what
+
+
+def check_pids_free(pids: Iterable[int]) -> None:
+    """Raises PidCollision for the first PID in use, naming what holds it."""
+    for pid in sorted(set(pids)):
+        if pid_exists(pid):
+            raise PidCollision(pid, describe_pid(pid))
+
+
+def tree_pids(pid: int) -> list[int]:
+    """`pid` and all its descendants (processes, not threads), root first."""
+    try:
+        root = psutil.Process(pid)
+        return [pid, *(child.pid for child in root.children(recursive=True))]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def stop_tree(pid: int, timeout: float = 10.0, sig: int = signal.SIGTERM) -> int | None:
+    """Stops a process tree: `sig` to the root, which gets up to `timeout` to end; the rest of
+    the tree then gets a short grace (up to 1 s) to end on its own, as helpers that clean up
+    after their parent do; SIGKILL for what is left. Reaps what is ours. Returns the root's
+    exit code when we reaped it."""
+    deadline = time.monotonic() + timeout
+    members = tree_pids(pid)
+    if not members:
+        return reap(pid)
+    if _signal_dropped(pid, sig):
+        sig = signal.SIGKILL
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+    for member in members:  # a stopped task (e.g. restored with stopped=True) acts only then
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, signal.SIGCONT)
+    codes: dict[int, int | None] = {}
+    with contextlib.suppress(TimeoutError):
+        codes[pid] = wait_gone(pid, max(0.0, deadline - time.monotonic()))
+    grace = time.monotonic() + min(1.0, max(0.0, deadline - time.monotonic()))
+    for member in members[1:]:
+        with contextlib.suppress(TimeoutError):
+            codes[member] = wait_gone(member, max(0.0, grace - time.monotonic()))
+    survivors = [m for m in [*members, *tree_pids(pid)] if m not in codes and pid_exists(m)]
+    for member in survivors:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, signal.SIGKILL)
+    for member in survivors:
+        with contextlib.suppress(TimeoutError):  # not ours, and its parent does not reap
+            codes[member] = wait_gone(member, 2.0)
+    return codes.get(pid)
+
+
+def _signal_dropped(pid: int, sig: int) -> bool:
+    """The kernel drops a signal sent from outside to a PID namespace's init unless the init
+    catches it (SIGKILL excepted), so SIGTERM to a `sleep` running as init does nothing."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+    except OSError:
+        return False
+    nspid = fields.get("NSpid", "").split()
+    if sig == signal.SIGKILL or len(nspid) < 2 or nspid[-1] != "1":
+        return False
+    return not int(fields.get("SigCgt", "0"), 16) & (1 << (sig - 1))
+
+
+@frozen
+class GpuMapping:
+    """One NVIDIA path that a process maps or holds open."""
+
+    pid: int
+    path: str
+
+
+def gpu_mappings(
+    pid: int, *, recursive: bool = True, strict: bool = False
+) -> tuple[GpuMapping, ...]:
+    """The NVIDIA driver state in `pid` and (by default) its descendants: mappings from
+    /proc/PID/maps and open descriptors from /proc/PID/fd whose path matches
+    GPU_STATE_PATTERNS, and with `strict` also NVIDIA_LIBRARY_PATTERNS."""
+    patterns = GPU_STATE_PATTERNS + (NVIDIA_LIBRARY_PATTERNS if strict else ())
+    found: list[GpuMapping] = []
+    for member in tree_pids(pid) if recursive else [pid]:
+        seen: set[str] = set()
+        for path in _mapped_paths(member) + _open_paths(member):
+            if path in seen:
+                continue
+            seen.add(path)
+            if any(fnmatch.fnmatch(path, pattern) for pattern in patterns):
+                found.append(GpuMapping(member, path))
+    return tuple(found)
+
+
+def refuse_gpu_mappings(pid: int, *, strict: bool = False) -> None:
+    """Raises GpuMappingFound naming the first NVIDIA path in the tree of `pid` (see
+    gpu_mappings): a template to be dumped by plain CRIU must hold no CUDA state."""
+    found = gpu_mappings(pid, strict=strict)
+    if found:
+        raise GpuMappingFound(found[0].pid, found[0].path)
+
+
+def _mapped_paths(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ESRCH):
+            return []
+        raise
+    paths = []
+    for line in lines:
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].startswith("/"):
+            paths.append(parts[5].removesuffix(" (deleted)"))
+    return paths
+
+
+def _open_paths(pid: int) -> list[str]:
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return []
+    paths = []
+    for name in names:
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+            if target.startswith("/"):
+                paths.append(target.removesuffix(" (deleted)"))
+    return paths

@@ -1,0 +1,116 @@
+"""Fixtures for the backends' tests: real processes, real CRIU (skipped cleanly without it)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from coldsnap.backends import (
+    Criu,
+    Launched,
+    become_subreaper,
+    launch,
+    reap,
+    reap_children,
+    stop_tree,
+)
+
+TARGETS = Path(__file__).with_name("targets")
+
+
+@pytest.fixture(scope="package", autouse=True)
+def _subreaper() -> Iterator[None]:
+    """While these tests run, the test process adopts what `criu restore -d` detaches, so it
+    can reap it; afterwards it reaps what is left and stops adopting."""
+    become_subreaper()
+    yield
+    reap_children()
+    become_subreaper(enable=False)
+
+
+@pytest.fixture(scope="session")
+def criu() -> Criu:
+    """The CRIU to test with ($COLDSNAP_CRIU, else what scripts/setup-criu.sh installs)."""
+    found = Criu()
+    problem = found.problem()
+    if problem:
+        pytest.skip(f"no usable CRIU >= 4.2: {problem}")
+    return found
+
+
+def target(name: str, *args: object) -> list[str]:
+    return [sys.executable, str(TARGETS / name), *map(str, args)]
+
+
+def _ended(pid: int) -> str | None:
+    """Why `pid` is no longer running (reaping it when it is ours), or None while it runs."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return "it is gone"
+    if state not in ("Z", "X"):
+        return None
+    code = reap(pid)
+    if code is not None and code < 0:
+        return f"it was killed by {signal.Signals(-code).name}"
+    return f"it exited with {code}"
+
+
+def wait_for_line(
+    log: Path, pattern: str, *, after: int = 0, timeout: float = 30.0, pid: int | None = None
+) -> re.Match:
+    """Waits for a line matching `pattern` in `log` past byte offset `after`; fails at once
+    if process `pid` ends first."""
+    regex = re.compile(pattern)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace")[after:] if log.exists() else ""
+        for line in text.splitlines():
+            match = regex.search(line)
+            if match:
+                return match
+        ended = _ended(pid) if pid is not None else None
+        if ended:
+            raise AssertionError(f"process {pid} ended before writing {pattern!r}: {ended}")
+        time.sleep(0.01)
+    tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
+    raise AssertionError(f"no line matching {pattern!r} in {log} within {timeout} s:\n{tail}")
+
+
+def ask(pid: int, log: Path, pattern: str, timeout: float = 30.0) -> re.Match:
+    """Sends SIGUSR1 and waits for the answer the target appends to its log."""
+    offset = log.stat().st_size
+    os.kill(pid, signal.SIGUSR1)
+    return wait_for_line(log, pattern, after=offset, timeout=timeout, pid=pid)
+
+
+@pytest.fixture
+def cleanup() -> Iterator[Callable[[int], None]]:
+    """Registers PIDs (trees) to stop and reap at the end of a test, whatever happens."""
+    pids: list[int] = []
+    yield pids.append
+    for pid in reversed(pids):
+        stop_tree(pid, timeout=5.0, sig=signal.SIGKILL)
+
+
+@pytest.fixture
+def launched(tmp_path: Path) -> Iterator[Callable[..., Launched]]:
+    """Starts targets with coldsnap's launcher and stops them after the test."""
+    started: list[Launched] = []
+
+    def start(argv: list[str], **kwargs: object) -> Launched:
+        kwargs.setdefault("log_path", tmp_path / f"target-{len(started)}.log")
+        proc = launch(argv, **kwargs)  # type: ignore[arg-type]
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop(timeout=5.0)

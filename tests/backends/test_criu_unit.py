@@ -1,0 +1,131 @@
+"""The CRIU backend's parts that need no CRIU: versions, log reading, records, image reading."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from coldsnap.backends import Criu, CriuUnavailable, CriuVersion, DumpManifest, SavedFile
+from coldsnap.backends._images import read_file_paths, read_pstree
+from coldsnap.backends._log import first_error
+from coldsnap.backends._records import read_record, write_record
+
+
+def _fake_criu(tmp_path: Path, version: str) -> Path:
+    path = tmp_path / "criu"
+    path.write_text(f"#!/bin/sh\necho 'Version: {version}'\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_version_parse_and_order() -> None:
+    assert CriuVersion.parse("Version: 4.2.1\nGitID: v4.2.1") == CriuVersion(4, 2, 1)
+    assert CriuVersion.parse("Version: 3.17") == CriuVersion(3, 17, 0)
+    assert CriuVersion(3, 17, 1) < CriuVersion(4, 2, 0) < CriuVersion(4, 10, 0)
+    with pytest.raises(ValueError):
+        CriuVersion.parse("criu, but no version")
+
+
+def test_an_old_criu_is_refused_before_any_side_effect(tmp_path: Path) -> None:
+    old = Criu(_fake_criu(tmp_path, "3.17.1"))
+    with pytest.raises(CriuUnavailable, match=r"3\.17\.1, below 4\.2"):
+        old.require_version()
+    with pytest.raises(CriuUnavailable):
+        old.dump(1, tmp_path / "image")
+    assert not (tmp_path / "image").exists()
+
+
+def test_an_explicit_binary_is_never_swapped(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("COLDSNAP_CRIU", str(tmp_path / "missing-criu"))
+    criu = Criu()
+    assert criu.binary == tmp_path / "missing-criu"
+    with pytest.raises(CriuUnavailable, match="cannot run"):
+        criu.version()
+
+
+def test_first_error_skips_the_harmless_rlimit_line() -> None:
+    log = (
+        "(00.000010) Version: 4.2.1\n"
+        "(00.059149) Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOFILE for self\n"
+        "(00.100000) Warn  (criu/x.c:1): not an error\n"
+        "(00.200000) Error (criu/files-reg.c:2127): Can't open file tmp/x on restore: No such\n"
+        "(00.300000) Error (criu/cr-restore.c:1): a later error\n"
+    )
+    assert (
+        first_error(log)
+        == "Error (criu/files-reg.c:2127): Can't open file tmp/x on restore: No such"
+    )
+    assert (
+        first_error("Error (criu/util.c:642): execvp failed")
+        == "Error (criu/util.c:642): execvp failed"
+    )
+    assert first_error("all fine\n") is None
+
+
+def test_manifest_round_trip_and_kind_check(tmp_path: Path) -> None:
+    manifest = DumpManifest(
+        root_pid=42,
+        pids=(42, 43),
+        own_pid_namespace=False,
+        leave_running=True,
+        criu_version="4.2.1",
+        criu_args=("dump", "-t", "42"),
+        kernel="6.18",
+        seconds=0.25,
+        image_bytes=1000,
+        saved_files=(SavedFile(path="/dev/shm/x", saved_as="coldsnap-files/dev/shm/x", size=3),),
+    )
+    path = write_record(tmp_path / "m.json", manifest)
+    assert read_record(path, DumpManifest) == manifest
+    path.write_text(path.read_text().replace('"coldsnap.criu-dump"', '"something-else"'))
+    with pytest.raises(ValueError, match="kind"):
+        read_record(path, DumpManifest)
+
+
+def _image(entries: list[bytes]) -> bytes:
+    out = struct.pack("<II", 0x54564319, 0x50273030)
+    for entry in entries:
+        out += struct.pack("<I", len(entry)) + entry
+    return out
+
+
+def _varint(value: int) -> bytes:
+    out = b""
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out += bytes([byte | 0x80])
+        else:
+            return out + bytes([byte])
+
+
+def _field(number: int, value: int | bytes) -> bytes:
+    if isinstance(value, int):
+        return _varint(number << 3) + _varint(value)
+    return _varint(number << 3 | 2) + _varint(len(value)) + value
+
+
+def test_image_reader(tmp_path: Path) -> None:
+    root = _field(1, 1000) + _field(2, 0) + _field(5, 1000) + _field(5, 1001)
+    child = _field(1, 1002) + _field(2, 1000) + _field(5, _varint(1002) + _varint(1003))  # packed
+    (tmp_path / "pstree.img").write_bytes(_image([root, child]))
+    tasks = read_pstree(tmp_path)
+    assert [(t.pid, t.ppid, t.threads) for t in tasks] == [
+        (1000, 0, (1000, 1001)),
+        (1002, 1000, (1002, 1003)),
+    ]
+
+    def reg(name: str) -> bytes:
+        return (
+            _field(1, 1)
+            + _field(2, 7)
+            + _field(3, _field(1, 7) + _field(2, 0) + _field(6, name.encode()))
+        )
+
+    (tmp_path / "files.img").write_bytes(
+        _image([reg("/dev/shm/a"), reg("/usr/lib/b.so"), reg("/dev/shm/a")])
+    )
+    assert read_file_paths(tmp_path) == ("/dev/shm/a", "/usr/lib/b.so")

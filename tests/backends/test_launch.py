@@ -1,0 +1,176 @@
+"""The launcher: own session, stdin /dev/null, appending log, no stray descriptors, PID
+namespace; and the process chores (reaping, collisions, the NVIDIA mapping check)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from coldsnap.backends import (
+    GpuMappingFound,
+    LaunchError,
+    PidCollision,
+    check_pids_free,
+    gpu_mappings,
+    launch,
+    reap,
+    refuse_gpu_mappings,
+    wait_gone,
+)
+from coldsnap.backends.procs import describe_pid, is_subreaper
+
+from .conftest import target, wait_for_line
+
+O_APPEND = 0o2000
+SLEEPER = "import time; print('ready', flush=True); time.sleep(30)"
+
+
+def _status(pid: int) -> dict[str, str]:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+
+
+def test_target_has_its_own_session_devnull_stdin_and_append_log(launched, tmp_path: Path):
+    log = tmp_path / "t.log"
+    log.write_text("earlier line\n")
+    leak_r, leak_w = os.pipe()  # inheritable descriptors that must not reach the target
+    os.set_inheritable(leak_r, True)
+    os.set_inheritable(leak_w, True)
+    try:
+        proc = launched([sys.executable, "-c", SLEEPER], log_path=log)
+    finally:
+        os.close(leak_r)
+        os.close(leak_w)
+    wait_for_line(log, "^ready")
+    assert os.getsid(proc.pid) == proc.pid
+    assert os.getpgid(proc.pid) == proc.pid
+    assert b"print('ready'" in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+    assert os.readlink(f"/proc/{proc.pid}/fd/0") == "/dev/null"
+    assert os.readlink(f"/proc/{proc.pid}/fd/1") == str(log)
+    flags = Path(f"/proc/{proc.pid}/fdinfo/1").read_text().split("flags:")[1].split()[0]
+    assert int(flags, 8) & O_APPEND
+    assert sorted(os.listdir(f"/proc/{proc.pid}/fd"), key=int) == ["0", "1", "2"]
+    assert log.read_text() == "earlier line\nready\n"  # appended to, never truncated
+    assert _status(proc.pid)["Seccomp"].strip() == "2"
+
+
+def test_output_goes_to_the_log(launched):
+    proc = launched([sys.executable, "-c", "print('hello from the target')"])
+    assert proc.wait(30) == 0
+    wait_for_line(proc.log_path, "hello from the target")
+
+
+def test_new_pid_namespace(launched):
+    proc = launched(["sleep", "30"], new_pid_namespace=True)
+    nspid = _status(proc.pid)["NSpid"].split()
+    assert nspid == [str(proc.pid), "1"]  # the target is its namespace's init
+    assert proc.launcher.pid != proc.pid  # our child is `unshare`
+    assert os.getsid(proc.pid) == proc.pid
+    assert _status(proc.pid)["Seccomp"].strip() == "2"
+    proc.stop(timeout=5)
+    assert not Path(f"/proc/{proc.pid}").exists()
+
+
+def test_bad_program_is_refused_before_starting():
+    with pytest.raises(LaunchError, match="not a program"):
+        launch(["/nonexistent/program"])
+
+
+def test_subreaper_adopts_and_reaps_orphans():
+    assert is_subreaper()  # set for the whole session by conftest
+    # A child that starts a grandchild and exits: the grandchild becomes ours.
+    out = subprocess.run(
+        [sys.executable, "-c", "import subprocess; print(subprocess.Popen(['sleep', '0.2']).pid)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    orphan = int(out.stdout)
+    assert int(_status(orphan)["PPid"]) == os.getpid()
+    assert wait_gone(orphan, timeout=10) == 0
+    assert reap(orphan) is None
+
+
+def test_pid_collision_names_the_holder():
+    with pytest.raises(PidCollision) as info:
+        check_pids_free([os.getpid()])
+    assert info.value.pid == os.getpid()
+    assert str(os.getpid()) in str(info.value) and "python" in str(info.value)
+    assert "new PID namespace" in str(info.value)
+
+
+def test_pid_collision_names_a_zombie():
+    child = subprocess.Popen(["true"])
+    try:
+        wait_for_zombie(child.pid)
+        with pytest.raises(PidCollision, match="zombie"):
+            check_pids_free([child.pid])
+    finally:
+        child.wait()
+    check_pids_free([child.pid])  # reaped: free again
+    assert describe_pid(child.pid).startswith("nothing")
+
+
+def wait_for_zombie(pid: int) -> None:
+    for _ in range(1000):
+        if _status(pid)["State"].startswith("Z"):
+            return
+        os.sched_yield()
+        subprocess.run(["true"])
+    raise AssertionError(f"{pid} never became a zombie")
+
+
+@pytest.fixture
+def fake_nvidia_device() -> Iterator[Path]:
+    """A plain file named like an NVIDIA device file (root may create one in /dev)."""
+    path = Path(f"/dev/nvidia-coldsnap-test-{uuid.uuid4().hex[:8]}")
+    try:
+        path.write_bytes(b"\0" * mmap.PAGESIZE)
+    except OSError as exc:
+        pytest.skip(f"cannot create {path}: {exc}")
+    yield path
+    path.unlink(missing_ok=True)
+
+
+def test_gpu_mapping_check(launched, tmp_path: Path, fake_nvidia_device: Path):
+    plain = tmp_path / "plain.bin"
+    plain.write_bytes(b"\0" * mmap.PAGESIZE)
+    library = tmp_path / "libcuda.so.fake"
+    library.write_bytes(b"\0" * mmap.PAGESIZE)
+    clean = launched(target("mapper.py", "--no-lock", plain, library))
+    wait_for_line(clean.log_path, "ready")
+    assert gpu_mappings(clean.pid) == ()  # a loaded driver library alone is allowed...
+    refuse_gpu_mappings(clean.pid)
+    with pytest.raises(GpuMappingFound, match=r"libcuda\.so\.fake"):  # ...unless strict
+        refuse_gpu_mappings(clean.pid, strict=True)
+
+    dirty = launched(target("mapper.py", "--no-lock", plain, fake_nvidia_device))
+    wait_for_line(dirty.log_path, "ready")
+    found = gpu_mappings(dirty.pid)
+    assert [m.path for m in found] == [str(fake_nvidia_device)]
+    with pytest.raises(GpuMappingFound) as info:
+        refuse_gpu_mappings(dirty.pid)
+    assert str(fake_nvidia_device) in str(info.value) and str(dirty.pid) in str(info.value)
+
+
+def test_gpu_check_sees_open_descriptors_and_children(launched, fake_nvidia_device: Path):
+    holder = f"import time; f = open({str(fake_nvidia_device)!r}); print('ready', flush=True); "
+    code = (
+        "import subprocess, sys, time; "
+        f"subprocess.Popen([sys.executable, '-c', {holder + 'time.sleep(60)'!r}]); "
+        "time.sleep(60)"
+    )
+    parent = launched([sys.executable, "-c", code])
+    wait_for_line(parent.log_path, "ready")
+    found = gpu_mappings(parent.pid)
+    assert [m.path for m in found] == [str(fake_nvidia_device)] and found[0].pid != parent.pid
+    assert gpu_mappings(parent.pid, recursive=False) == ()
+    with pytest.raises(GpuMappingFound, match="nvidia-coldsnap-test"):
+        refuse_gpu_mappings(parent.pid)
