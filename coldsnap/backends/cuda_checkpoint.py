@@ -11,6 +11,13 @@ would take it, so a step that is retried or compensated twice is harmless. The t
 compensate: if any process fails, every process they locked or checkpointed is restored and
 unlocked before the error is raised.
 
+The driver needs the target's own threads to answer: on the H200 machine a state query of a
+process that CRIU restored stopped (SIGSTOP, `--leave-stopped`) did not return in 15 s, and
+after SIGCONT the same process reported CHECKPOINTED and restored normally (a checkpointed
+process runs, but blocks in its first CUDA call until it is restored and unlocked). So every
+call here first refuses a stopped target instead of hanging: continue it before the CUDA
+restore.
+
 One seam: the `driver` module (`cuda.bindings.driver`). Unit tests pass an in-memory fake.
 """
 
@@ -72,6 +79,15 @@ class CudaCheckpointError(BackendError):
         super().__init__("; ".join(parts))
 
 
+def is_stopped(pid: int) -> bool:
+    """True when `pid` is stopped by a signal or a tracer (/proc state T or t)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
 def _load_driver() -> Any:
     from cuda.bindings import driver  # type: ignore[import-not-found]
 
@@ -80,10 +96,14 @@ def _load_driver() -> Any:
 
 class CudaCheckpoint:
     """The checkpoint API of one CUDA driver. `driver` defaults to `cuda.bindings.driver`,
-    imported and initialised (cuInit(0)) on first use."""
+    imported and initialised (cuInit(0)) on first use. `stopped` says whether a pid is
+    stopped (default: /proc); the driver is never asked about a stopped process."""
 
-    def __init__(self, driver: Any | None = None) -> None:
+    def __init__(
+        self, driver: Any | None = None, *, stopped: Callable[[int], bool] = is_stopped
+    ) -> None:
         self._driver = driver
+        self._stopped = stopped
         self._initialised = False
         self._init_lock = threading.Lock()
 
@@ -139,8 +159,15 @@ class CudaCheckpoint:
 
     def state(self, pid: int) -> str:
         """'running', 'locked', 'checkpointed' or 'failed'. Raises CudaCheckpointError when
-        the driver knows no CUDA process `pid` (see has_context)."""
+        the driver knows no CUDA process `pid` (see has_context), or when the process is
+        stopped (the driver would wait for it forever)."""
         driver = self._ready()
+        if self._stopped(int(pid)):
+            raise CudaCheckpointError(
+                "get-state", pid, "the process is stopped (SIGSTOP or a tracer); the driver "
+                "cannot reach it until it runs: send SIGCONT first (a checkpointed process "
+                "blocks in its first CUDA call until it is restored and unlocked)",
+            )  # fmt: skip
         err, value = _as_tuple(driver.cuCheckpointProcessGetState(int(pid)))
         if not _ok(driver, err):
             raise CudaCheckpointError(
@@ -150,11 +177,12 @@ class CudaCheckpoint:
 
     def has_context(self, pid: int) -> bool:
         """True when the driver reports a checkpoint state for `pid`, that is when the process
-        has initialised CUDA. False for a process without CUDA, or one that is gone."""
+        has initialised CUDA. False for a process without CUDA, or one that is gone; raises
+        for a stopped process (unknowable without waking it)."""
         try:
             self.state(pid)
         except CudaCheckpointError as exc:
-            if exc.operation == "init":
+            if exc.operation == "init" or self._stopped(int(pid)):
                 raise
             return False
         return True

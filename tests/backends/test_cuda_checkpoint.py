@@ -9,12 +9,17 @@ Failures are injected per (operation, pid). The real driver is qualified on the 
 from __future__ import annotations
 
 import enum
+import os
+import signal
+import subprocess
 import threading
+import time
 from typing import Any
 
 import pytest
 
 from coldsnap.backends import BackendError, CudaCheckpoint, CudaCheckpointError
+from coldsnap.backends.cuda_checkpoint import is_stopped
 
 
 class CUresult(enum.IntEnum):
@@ -55,6 +60,7 @@ class FakeDriver:
         self.lock_timeouts: list[int] = []
         # (operation, pid) -> (result, state to leave the process in, or None to keep it)
         self.failures: dict[tuple[str, int], tuple[CUresult, S | None]] = {}
+        self.stopped: set[int] = set()  # pids the OS has stopped (SIGSTOP)
         self._lock = threading.Lock()
 
     def fail(self, operation: str, pid: int, result: CUresult, leave: S | None = None) -> None:
@@ -65,6 +71,8 @@ class FakeDriver:
         return (self.init_result,)
 
     def cuCheckpointProcessGetState(self, pid: int) -> tuple[CUresult, Any]:
+        # The real driver does not answer for a stopped process (seen on the H200 machine).
+        assert pid not in self.stopped, "the driver was asked about a stopped process"
         with self._lock:
             if pid not in self.states:
                 return (CUresult.CUDA_ERROR_NOT_FOUND, None)
@@ -109,7 +117,7 @@ FAILED = S.CU_PROCESS_STATE_FAILED
 
 def make(**pids: S) -> tuple[CudaCheckpoint, FakeDriver]:
     driver = FakeDriver({int(k.removeprefix("p")): v for k, v in pids.items()})
-    return CudaCheckpoint(driver), driver
+    return CudaCheckpoint(driver, stopped=lambda pid: pid in driver.stopped), driver
 
 
 def states(driver: FakeDriver) -> dict[int, str]:
@@ -143,6 +151,35 @@ def test_bindings_without_the_checkpoint_api_are_unavailable():
     cuda = CudaCheckpoint(Old())
     assert not cuda.available()
     assert "cuCheckpointProcessLock" in (cuda.problem() or "")
+
+
+def test_a_stopped_process_is_refused_before_the_driver_is_asked():
+    cuda, driver = make(p4=CHECKPOINTED)
+    driver.stopped.add(4)
+    for call in (cuda.state, cuda.has_context, cuda.restore, cuda.unlock):
+        with pytest.raises(CudaCheckpointError, match="SIGCONT"):
+            call(4)
+    with pytest.raises(CudaCheckpointError, match="stopped"):
+        cuda.restore_all([4])
+    driver.stopped.clear()
+    assert cuda.restore_all([4]) == [4]
+    assert states(driver) == {4: "running"}
+
+
+def test_is_stopped_reads_the_process_state():
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        assert not is_stopped(sleeper.pid)
+        os.kill(sleeper.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while not is_stopped(sleeper.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert is_stopped(sleeper.pid)
+        os.kill(sleeper.pid, signal.SIGCONT)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert not is_stopped(sleeper.pid)  # gone
 
 
 def test_the_real_bindings_are_probed_without_raising():

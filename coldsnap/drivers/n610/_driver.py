@@ -88,7 +88,10 @@ class N610Driver:
     def retire_source(self, ctx: StepContext) -> Skipped | None:
         if ctx.request.keep_source:
             return Skipped("the request keeps the source running")
-        self.processes.stop(ctx.facts.get("engine_pid"))
+        # A source whose CUDA state is checkpointed blocks in its first CUDA call, so a clean
+        # shutdown cannot finish: do not wait for one.
+        timeout = 2.0 if ctx.facts.get("cuda_pids") else 20.0
+        self.processes.stop(ctx.facts.get("engine_pid"), timeout=timeout)
         return None
 
     # -- CUDA ---------------------------------------------------------------------------------
@@ -118,10 +121,17 @@ class N610Driver:
         return self._each(ctx, "checkpoint")
 
     def cuda_restore(self, ctx: StepContext) -> Skipped | None:
+        """The driver's restore runs on a thread of the target itself, so a tree that CRIU left
+        stopped is continued first (measured on the H200: the API does not answer for a stopped
+        process). Nothing runs ahead: every CUDA call blocks while the process is locked, and
+        health stays closed until the weights are back."""
+        pid = ctx.facts.get("engine_pid")
+        if pid is not None and (ctx.facts.get("cuda_pids") or _capsule_cuda(ctx)):
+            self.processes.resume(pid)
         return self._each(ctx, "restore")
 
     def _each(self, ctx: StepContext, action: str) -> Skipped | None:
-        pids = ctx.facts.get("cuda_pids") or (ctx.facts.get("capsule") or {}).get("cuda_pids")
+        pids = ctx.facts.get("cuda_pids") or _capsule_cuda(ctx)
         if not pids:
             return Skipped("no process of the engine holds a CUDA context")
         if self.cuda is None:
@@ -171,3 +181,7 @@ class N610Driver:
 
     def resume_processes(self, ctx: StepContext) -> None:
         self.processes.resume(ctx.facts["engine_pid"])
+
+
+def _capsule_cuda(ctx: StepContext) -> list[int]:
+    return list((ctx.facts.get("capsule") or {}).get("cuda_pids") or ())
