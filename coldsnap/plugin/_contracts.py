@@ -1,0 +1,466 @@
+"""Admission: the parts of SGLang the plugin relies on, checked by structure, not by version.
+
+Each contract names one thing the plugin calls, hooks or reads (a function's parameters, a
+tag's value, a class attribute, a line of behaviour in a function's source). `check()`
+resolves all of them and reports every one that is missing or changed; the plugin refuses to
+start on any problem. `digest()` hashes what was checked (signatures and sources), so an
+artifact captured against one SGLang build is known to need a new capture on another.
+No model architecture is named anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import pkgutil
+from collections.abc import Iterable
+from importlib.metadata import entry_points
+from typing import Any
+
+import attrs
+
+SG = "sglang.srt"
+ENTRY_POINT_GROUP = "sglang.srt.plugins"
+ENTRY_POINT_NAME = "coldsnap"
+
+
+class ContractError(RuntimeError):
+    """The installed SGLang does not offer a contract the plugin relies on."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = tuple(problems)
+        self.contracts = tuple(sorted({c for c, _ in problems}))
+        lines = [f"SGLang contract '{c}' not met: {m}" for c, m in problems]
+        super().__init__("coldsnap plugin refuses to start:\n" + "\n".join(lines))
+
+
+@attrs.frozen
+class Contract:
+    """One checked fact. `group` is the contract family named in errors and docs."""
+
+    group: str
+    target: str  # dotted path resolved with pkgutil.resolve_name
+    params: tuple[str, ...] = ()  # leading parameter names, in order
+    is_async: bool | None = None
+    kind: str = "callable"  # callable | value | attribute | source | class
+    expected: Any = None  # value: the expected value; attribute: the attribute name;
+    # source: snippets that must all appear in the target's source
+    runtime_on_cpu: bool = True  # exercised at run time by the CPU tests (docs/plugin.md)
+
+
+def _c(group: str, target: str, *params: str, **kw: Any) -> Contract:
+    return Contract(group=group, target=target, params=tuple(params), **kw)
+
+
+_WU = f"{SG}.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
+_RWU = f"{SG}.model_executor.model_runner_components.weight_updater.WeightUpdater"
+_MR = f"{SG}.model_executor.model_runner.ModelRunner"
+_TSA = f"{SG}.utils.torch_memory_saver_adapter.TorchMemorySaverAdapter"
+
+CONTRACTS: tuple[Contract, ...] = (
+    # plugin discovery and hooks
+    _c(
+        "entry-point group",
+        f"{SG}.plugins.GENERAL_PLUGINS_GROUP",
+        kind="value",
+        expected=ENTRY_POINT_GROUP,
+    ),
+    _c(
+        "entry-point group",
+        f"{SG}.plugins.load_plugins",
+        kind="source",
+        expected=("GENERAL_PLUGINS_GROUP", "HookRegistry.apply_hooks()"),
+    ),
+    _c(
+        "hook registry",
+        f"{SG}.plugins.hook_registry.HookRegistry.register",
+        "cls",
+        "target",
+        "hook",
+        "hook_type",
+    ),
+    _c("hook registry", f"{SG}.plugins.hook_registry.HookRegistry.apply_hooks"),
+    _c(
+        "hook registry",
+        f"{SG}.plugins.hook_registry.HookType.AROUND",
+        kind="attribute",
+        expected="value",
+    ),
+    _c(
+        "hook registry",
+        f"{SG}.plugins.hook_registry.HookType.AFTER",
+        kind="attribute",
+        expected="value",
+    ),
+    _c(
+        "hook registry",
+        f"{SG}.plugins.hook_registry._wrap_fn",
+        kind="source",
+        expected=(
+            "hook(original_fn, *args, **kwargs)",
+            "modified = hook(result, *args, **kwargs)",
+            "wrapper.__wrapped__ = original_fn",
+        ),
+    ),
+    # memory saver
+    _c("memory saver", f"{_TSA}.create", "enable"),
+    _c("memory saver", f"{_TSA}.region", "self", "tag", "enable_cpu_backup"),
+    _c("memory saver", f"{_TSA}.pause", "self", "tag"),
+    _c("memory saver", f"{_TSA}.resume", "self", "tag"),
+    _c("memory saver", f"{_TSA}.cuda_graph", "self", runtime_on_cpu=False),
+    _c("memory saver", f"{_TSA}.configure_subprocess", "self", runtime_on_cpu=False),
+    _c("memory saver", f"{_TSA}.enabled", kind="class", runtime_on_cpu=False),
+    _c("memory saver", f"{SG}.constants.GPU_MEMORY_TYPE_WEIGHTS", kind="value", expected="weights"),
+    _c(
+        "memory saver",
+        f"{SG}.constants.GPU_MEMORY_TYPE_KV_CACHE",
+        kind="value",
+        expected="kv_cache",
+    ),
+    _c(
+        "memory saver",
+        f"{SG}.constants.GPU_MEMORY_TYPE_CUDA_GRAPH",
+        kind="value",
+        expected="cuda_graph",
+    ),
+    _c(
+        "memory saver",
+        f"{SG}.constants.GPU_MEMORY_ALL_TYPES",
+        kind="value",
+        expected=["kv_cache", "weights", "cuda_graph"],
+    ),
+    # loaders
+    _c(
+        "loader",
+        f"{_MR}.load_model",
+        "self",
+        kind="source",
+        expected=(
+            "load_model_with_memory_saver(",
+            "self.model = loaded.model",
+            "self.startup_weight_load",
+        ),
+    ),
+    _c(
+        "loader",
+        f"{_MR}.__init__",
+        "self",
+        "model_config",
+        "mem_fraction_static",
+        "gpu_id",
+        "nccl_port",
+        "server_args",
+        "is_draft_worker",
+    ),
+    _c("loader", f"{_MR}.finalize_startup_weight_load", "self", runtime_on_cpu=False),
+    _c(
+        "loader",
+        f"{SG}.model_executor.model_runner_components.load_model_utils.load_model_with_memory_saver",
+        kind="source",
+        expected=("memory_saver_adapter.region(", "GPU_MEMORY_TYPE_WEIGHTS", "loader.load_model("),
+    ),
+    _c("loader", f"{SG}.model_loader.loader.DefaultModelLoader.load_model", "self"),
+    _c(
+        "loader",
+        f"{SG}.model_loader.loader.DummyModelLoader.load_model",
+        "self",
+    ),
+    _c("loader", f"{SG}.configs.load_config.LoadFormat", kind="class"),
+    # weight updater (scheduler side, every TP rank)
+    _c(
+        "weight updater",
+        f"{_WU}.release_memory_occupation",
+        "self",
+        "recv_req",
+        kind="source",
+        expected=(
+            "self.memory_saver_adapter.pause(GPU_MEMORY_TYPE_WEIGHTS)",
+            "_export_static_state",
+            "torch.distributed.barrier(self.tp_cpu_group)",
+        ),
+    ),
+    _c(
+        "weight updater",
+        f"{_WU}.resume_memory_occupation",
+        "self",
+        "recv_req",
+        kind="source",
+        expected=(
+            "self.memory_saver_adapter.resume(GPU_MEMORY_TYPE_WEIGHTS)",
+            "_import_static_state",
+            "self.offload_tags.remove(tag)",
+        ),
+    ),
+    _c("weight updater", f"{_WU}._select_runners", "self", "selector"),
+    _c(
+        "weight updater",
+        f"{_WU}.__dataclass_fields__",
+        kind="value_contains",
+        expected=("tp_worker", "draft_worker", "memory_saver_adapter", "offload_tags"),
+    ),
+    _c(
+        "weight updater",
+        f"{_RWU}.update_weights_from_disk",
+        "self",
+        "model_path",
+        "load_format",
+        "weight_name_filter",
+        "recapture_cuda_graph",
+    ),
+    _c(
+        "weight updater",
+        f"{_RWU}.__dataclass_fields__",
+        kind="value_contains",
+        expected=("get_model", "get_model_runner", "tp_rank"),
+    ),
+    _c(
+        "weight updater",
+        f"{SG}.managers.io_struct.ResumeMemoryOccupationReqInput.__struct_fields__",
+        kind="value_contains",
+        expected=("tags",),
+    ),
+    _c(
+        "weight updater",
+        f"{SG}.managers.io_struct.ReleaseMemoryOccupationReqInput.__struct_fields__",
+        kind="value_contains",
+        expected=("tags",),
+    ),
+    _c("weight updater", f"{SG}.managers.io_struct.ResumeMemoryOccupationReqOutput", kind="class"),
+    # speculative workers: draft runners are ModelRunners flagged is_draft_worker
+    _c(
+        "speculative worker",
+        f"{SG}.speculative.base_spec_worker.BaseSpecWorker.weight_update_runners",
+        "self",
+        runtime_on_cpu=False,
+    ),
+    _c(
+        "speculative worker", f"{SG}.managers.tp_worker.TpModelWorker.weight_update_runners", "self"
+    ),
+    # tokenizer manager (main process): health gate
+    _c(
+        "tokenizer manager",
+        f"{SG}.managers.tokenizer_control_mixin.TokenizerControlMixin.release_memory_occupation",
+        "self",
+        "obj",
+        "request",
+        is_async=True,
+    ),
+    _c(
+        "tokenizer manager",
+        f"{SG}.managers.tokenizer_control_mixin.TokenizerControlMixin.resume_memory_occupation",
+        "self",
+        "obj",
+        "request",
+        is_async=True,
+    ),
+    _c(
+        "tokenizer manager",
+        f"{SG}.managers.tokenizer_manager.TokenizerManager._set_engine_state_field",
+        "self",
+        "name",
+        "value",
+    ),
+    _c(
+        "tokenizer manager",
+        f"{SG}.managers.tokenizer_manager.TokenizerManager.is_healthy",
+        "self",
+        kind="source",
+        expected=("self.server_status == ServerStatus.Up",),
+    ),
+    _c(
+        "tokenizer manager",
+        f"{SG}.managers.tokenizer_manager.ServerStatus.Starting",
+        kind="attribute",
+        expected="value",
+    ),
+    _c(
+        "tokenizer manager",
+        f"{SG}.entrypoints.http_server.health_generate",
+        kind="source",
+        expected=("server_status == ServerStatus.Starting",),
+    ),
+    # graphs: shape calibration and async decode capture
+    _c("cuda graphs", f"{_MR}.init_cuda_graphs", "self", "capture_decode_cuda_graph"),
+    _c("cuda graphs", f"{_MR}.init_decode_cuda_graph", "self"),
+    _c(
+        "cuda graphs",
+        f"{SG}.model_executor.runner.base_cuda_graph_runner.get_batch_sizes_to_capture",
+        "model_runner",
+        "captured_req_width",
+        runtime_on_cpu=False,
+    ),
+    _c(
+        "cuda graphs",
+        f"{SG}.model_executor.cuda_graph_config.check_cuda_graph_backend",
+        "phase",
+        "backend",
+        runtime_on_cpu=False,
+    ),
+    _c(
+        "cuda graphs",
+        f"{SG}.model_executor.cpu_graph_runner.get_batch_sizes_to_capture",
+        "model_runner",
+        runtime_on_cpu=False,
+    ),
+    _c("cuda graphs", f"{SG}.runtime_context.get_flags"),
+    _c("cuda graphs", f"{SG}.runtime_context.get_exec", runtime_on_cpu=False),
+    _c(
+        "cuda graphs",
+        f"{SG}.managers.scheduler.Scheduler.init_running_status",
+        "self",
+        kind="source",
+        expected=("self.forward_ct = 0",),
+    ),
+    _c("cuda graphs", f"{SG}.managers.scheduler.Scheduler.on_idle", "self"),
+    _c("cuda graphs", f"{SG}.managers.scheduler.Scheduler.is_fully_idle", "self"),
+    # distributed
+    _c("distributed", f"{SG}.distributed.parallel_state.get_tp_group"),
+    _c("distributed", f"{SG}.runtime_context.get_parallel"),
+    _c(
+        "distributed",
+        f"{SG}.distributed.parallel_state.GroupCoordinator.__init__",
+        "self",
+        kind="source",
+        expected=("self.cpu_group", "self.device_group"),
+    ),
+)
+
+GROUPS = tuple(dict.fromkeys(c.group for c in CONTRACTS))
+
+
+def _resolve(target: str) -> Any:
+    """Resolves a dotted path; class attributes are read raw (staticmethods unwrapped)."""
+    module_path, _, attr = target.rpartition(".")
+    try:
+        owner = pkgutil.resolve_name(module_path)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise LookupError(f"{module_path} cannot be imported or resolved ({exc})") from None
+    if isinstance(owner, type) and attr in getattr(owner, "__dict__", {}):
+        raw = owner.__dict__[attr]
+        if isinstance(raw, staticmethod | classmethod):
+            return raw.__func__
+        return raw
+    try:
+        return getattr(owner, attr)
+    except AttributeError:
+        raise LookupError(f"{target} does not exist") from None
+
+
+def _unwrap(obj: Any) -> Any:
+    """Our own hooks wrap targets (functools.wraps + __wrapped__); check the original."""
+    return inspect.unwrap(obj) if callable(obj) else obj
+
+
+def _params(fn: Any) -> list[str]:
+    return list(inspect.signature(fn).parameters)
+
+
+def _source(obj: Any) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return repr(obj)
+
+
+def _check_one(c: Contract) -> tuple[str | None, str]:
+    """(problem or None, the text that goes into the digest)."""
+    try:
+        obj = _resolve(c.target)
+    except LookupError as exc:
+        return str(exc), ""
+    obj = _unwrap(obj)
+    if c.kind == "value":
+        if obj != c.expected:
+            return f"{c.target} is {obj!r}, expected {c.expected!r}", repr(obj)
+        return None, repr(obj)
+    if c.kind == "value_contains":
+        missing = [x for x in c.expected if x not in obj]
+        if missing:
+            return f"{c.target} lacks {', '.join(missing)}", repr(sorted(obj))
+        return None, repr(sorted(obj))
+    if c.kind == "attribute":
+        if not hasattr(obj, c.expected):
+            return f"{c.target} has no attribute {c.expected!r}", ""
+        return None, repr(getattr(obj, c.expected))
+    if c.kind == "class":
+        if isinstance(obj, property) and obj.fget is not None:
+            return None, _source(obj.fget)
+        if not isinstance(obj, type):
+            return f"{c.target} is neither a class nor a property", type(obj).__name__
+        return None, _source(obj)
+    if not callable(obj):
+        return f"{c.target} is not callable", repr(obj)
+    text = f"{c.target}{inspect.signature(obj)}\n{_source(obj)}"
+    if c.params:
+        have = _params(obj)
+        if have[: len(c.params)] != list(c.params):
+            return (
+                f"{c.target} takes ({', '.join(have)}), expected leading parameters "
+                f"({', '.join(c.params)})"
+            ), text
+    if c.is_async is not None and inspect.iscoroutinefunction(obj) != c.is_async:
+        return f"{c.target} is {'not ' if c.is_async else ''}a coroutine function", text
+    if c.kind == "source":
+        src = _source(obj)
+        missing = [s for s in c.expected if s not in src]
+        if missing:
+            return f"{c.target} no longer contains {', '.join(repr(m) for m in missing)}", text
+    return None, text
+
+
+def check(contracts: Iterable[Contract] = CONTRACTS) -> tuple[list[tuple[str, str]], str]:
+    """Checks every contract; returns (problems as (group, message), source-contract digest)."""
+    problems: list[tuple[str, str]] = []
+    h = hashlib.sha256()
+    for c in contracts:
+        problem, text = _check_one(c)
+        if problem is not None:
+            problems.append((c.group, problem))
+        h.update(f"{c.group}\0{c.target}\0{text}\0".encode())
+    ep_problem = _entry_point_problem()
+    if ep_problem:
+        problems.append(("entry-point group", ep_problem))
+    return problems, "sha256:" + h.hexdigest()
+
+
+def _entry_point_problem() -> str | None:
+    found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == ENTRY_POINT_NAME]
+    if not found:
+        return (
+            f"no entry point {ENTRY_POINT_NAME!r} in group {ENTRY_POINT_GROUP!r} "
+            "(is coldsnap installed?)"
+        )
+    if found[0].value != "coldsnap.plugin:register":
+        return f"entry point {ENTRY_POINT_NAME!r} points at {found[0].value!r}"
+    return None
+
+
+def admit(contracts: Iterable[Contract] = CONTRACTS) -> str:
+    """Raises ContractError naming every unmet contract; returns the digest."""
+    problems, digest = check(contracts)
+    if problems:
+        raise ContractError(problems)
+    return digest
+
+
+def digest() -> str:
+    return check()[1]
+
+
+def plugin_digest() -> str:
+    """sha256 over this plugin's own source files (name and bytes), for the artifact identity."""
+    from pathlib import Path
+
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for path in sorted(here.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return "sha256:" + h.hexdigest()
+
+
+def describe() -> list[dict[str, Any]]:
+    """One row per contract, for docs/plugin.md."""
+    return [
+        {"group": c.group, "target": c.target, "kind": c.kind, "runtime_on_cpu": c.runtime_on_cpu}
+        for c in CONTRACTS
+    ]

@@ -1,0 +1,166 @@
+"""The health gate in the HTTP process: closed while any memory region is released.
+
+`/health`, `/health_generate` and `/ready` all answer from the tokenizer manager's
+`server_status`; while it is `Starting` they answer 503. The gate sets `Starting` when a
+release passes through and holds it there (refusing SGLang's own attempts to flip it back
+to `Up`, e.g. from a health probe) until every released region has been resumed and every
+scheduler rank reported a successful resume (hydration included) in its status record. A
+failed resume leaves the gate closed and the HTTP call answers with the rank's error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ._records import StatusFile
+
+logger = logging.getLogger("coldsnap.plugin")
+
+SG = "sglang.srt"
+ALL_TAGS = ("kv_cache", "weights", "cuda_graph")
+
+
+class ResumeFailed(RuntimeError):
+    """A scheduler rank did not complete the resume; the gate stays closed."""
+
+
+class ReleaseFailed(RuntimeError):
+    """A scheduler rank did not complete the release."""
+
+
+def _tags(obj: Any) -> list[str]:
+    tags = getattr(obj, "tags", None)
+    return list(tags) if tags else list(ALL_TAGS)
+
+
+class HealthGate:
+    def __init__(self, status: StatusFile, runtime_dir: Path | None) -> None:
+        self.status = status
+        self.runtime_dir = runtime_dir
+        self.released: set[str] = set()
+        self.closed = False
+
+    def targets(self) -> list[tuple[str, str, Any]]:
+        mixin = f"{SG}.managers.tokenizer_control_mixin.TokenizerControlMixin"
+        return [
+            (f"{mixin}.release_memory_occupation", "AROUND", self.around_release),
+            (f"{mixin}.resume_memory_occupation", "AROUND", self.around_resume),
+            (
+                f"{SG}.managers.tokenizer_manager.TokenizerManager._set_engine_state_field",
+                "AROUND",
+                self.around_set_state,
+            ),
+        ]
+
+    # ----------------------------------------------------------- hooks
+    async def around_release(
+        self, original: Any, tm: Any, obj: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        op = self._stamp(obj)
+        self.close(tm, reason="release")
+        result = await original(tm, obj, *args, **kwargs)
+        failed = self.rank_failures(op)
+        if failed:
+            # A rank that refused before releasing changed nothing; if every failing rank
+            # refused that early and nothing else is released, serving goes on.
+            if not self.released and all(r.get("event") == "release_failed" for r in failed):
+                self.open(tm)
+            message = _describe(failed)
+            self.status.update("release_failed", operation=op, error=message)
+            raise ReleaseFailed("coldsnap release did not complete: " + message)
+        self.released.update(_tags(obj))
+        self.status.update(
+            "released", operation=op, released_tags=sorted(self.released), gate="closed"
+        )
+        return result
+
+    async def around_resume(
+        self, original: Any, tm: Any, obj: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        op = self._stamp(obj)
+        self.close(tm, reason="resume")
+        result = await original(tm, obj, *args, **kwargs)
+        failed = self.rank_failures(op)
+        if failed:
+            message = _describe(failed)
+            self.status.update("resume_failed", operation=op, gate="closed", error=message)
+            raise ResumeFailed("coldsnap resume did not complete: " + message)
+        self.released.difference_update(_tags(obj))
+        if not self.released:
+            self.open(tm)
+        self.status.update(
+            "resumed",
+            operation=op,
+            released_tags=sorted(self.released),
+            gate="closed" if self.closed else "open",
+        )
+        return result
+
+    def around_set_state(
+        self, original: Any, tm: Any, name: str, value: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        if self.closed and name == "_server_status" and getattr(value, "name", None) == "Up":
+            logger.debug("coldsnap: health gate closed; server_status stays Starting")
+            return None
+        return original(tm, name, value, *args, **kwargs)
+
+    # ----------------------------------------------------------- gate
+    def close(self, tm: Any, *, reason: str) -> None:
+        from sglang.srt.managers.tokenizer_manager import ServerStatus
+
+        if not self.closed:
+            self.closed = True
+            tm.server_status = ServerStatus.Starting
+            self.status.update("gate_closed", gate="closed", reason=reason)
+
+    def open(self, tm: Any) -> None:
+        from sglang.srt.managers.tokenizer_manager import ServerStatus
+
+        self.closed = False
+        tm.server_status = ServerStatus.Up
+        self.status.update("gate_opened", gate="open")
+
+    # ----------------------------------------------------------- ranks
+    @staticmethod
+    def _stamp(obj: Any) -> str:
+        """Tags the request so every rank's status record names the operation it answers."""
+        if not getattr(obj, "rid", None):
+            obj.rid = f"coldsnap-{uuid.uuid4().hex}"
+        return str(obj.rid)
+
+    def rank_failures(self, op: str) -> list[dict[str, Any]]:
+        """Status records of scheduler ranks that did not complete operation `op`."""
+        if self.runtime_dir is None:
+            return []
+        failed: list[dict[str, Any]] = []
+        found = 0
+        directory = self.runtime_dir / "sglang"
+        for path in sorted(directory.glob("scheduler-*.json")):
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError) as exc:
+                failed.append({"process": path.stem, "outcome": "unreadable", "error": str(exc)})
+                continue
+            if record.get("operation") != op:
+                continue
+            found += 1
+            if record.get("outcome") != "ok":
+                last = record.get("events", [{}])[-1] if record.get("events") else {}
+                failed.append({**record, "event": last.get("event")})
+        if not found:
+            failed.append(
+                {
+                    "process": "scheduler",
+                    "outcome": "missing",
+                    "error": f"no scheduler rank reported operation {op} under {directory}",
+                }
+            )
+        return failed
+
+
+def _describe(failed: list[dict[str, Any]]) -> str:
+    return "; ".join(f"{r.get('process')}: {r.get('outcome')}: {r.get('error')}" for r in failed)

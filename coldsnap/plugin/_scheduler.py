@@ -1,0 +1,519 @@
+"""Hooks that run in each scheduler process (one per TP rank): memory, weights, graphs.
+
+Release (weights): check the registry against the live model and export the native payload
+if asked (a failure here refuses the release, nothing freed), SGLang's own release (KV pause
++ flush, buffer stash, barrier, weights pause: our adapter returns the host pages), prepare
+NCCL, TP barrier, status. Resume, stage 1 (refusals leave the engine released and the call
+retryable): read the plan, open and verify the packs or check the checkpoint paths, restore
+NCCL. Stage 2: native (SGLang's resume, hydrate in place) or recovery (resume weights, reload
+each runner from its own pinned path through SGLang's update-from-disk, then the other tags
+in a second phase); check the registry, TP barrier, status. The barrier runs on every path so
+no rank is left waiting, and the HTTP-owning rank never answers before the group is done.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from . import _nccl, _payload
+from ._memory import HOST_BACKEND, KV_CACHE, WEIGHTS, ColdsnapMemorySaverAdapter
+from ._records import SHAPE_PLAN_FILE, SHAPE_PLAN_FORMAT, SHAPE_PLAN_KIND, StatusFile, read_plan
+from ._settings import Settings
+from ._storages import REGISTRY, RegistryError, StorageRegistry
+
+logger = logging.getLogger("coldsnap.plugin")
+
+SG = "sglang.srt"
+ALL_TAGS = (KV_CACHE, WEIGHTS, "cuda_graph")
+
+
+class ShapeCalibrationError(RuntimeError):
+    """The decode-graph plan is unrecognised or differs from what was warmed or captured."""
+
+
+def _tags(recv_req: Any) -> list[str]:
+    tags = getattr(recv_req, "tags", None)
+    return list(tags) if tags else list(ALL_TAGS)
+
+
+def _with_tags(recv_req: Any, tags: list[str]) -> Any:
+    import msgspec
+
+    return msgspec.structs.replace(recv_req, tags=tags)
+
+
+def _role(runner: Any) -> str:
+    if not getattr(runner, "is_draft_worker", False):
+        return "target"
+    idx = getattr(runner, "draft_model_idx", None)
+    return "draft" if not idx else f"draft{idx}"
+
+
+def _tp_rank(group: Any = None) -> int:
+    import torch.distributed as dist
+
+    if group is not None and dist.is_initialized():
+        return int(dist.get_rank(group=group))
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        return int(get_parallel().tp_rank)
+    except Exception:
+        return 0
+
+
+def _barrier(group: Any) -> None:
+    import torch.distributed as dist
+
+    if group is not None and dist.is_initialized():
+        dist.barrier(group=group)
+
+
+class SchedulerHooks:
+    """The scheduler-side hooks, bound to this process's settings and status file."""
+
+    def __init__(
+        self, settings: Settings, status: StatusFile, registry: StorageRegistry = REGISTRY
+    ) -> None:
+        self.settings = settings
+        self.status = status
+        self.registry = registry
+        self.async_decode_pending = False
+        self.weights_invalid = False
+        self.adapters: list[ColdsnapMemorySaverAdapter] = []
+
+    def targets(self) -> list[tuple[str, str, Any]]:
+        """(target, hook type, hook) for HookRegistry."""
+        mr = f"{SG}.model_executor.model_runner.ModelRunner"
+        wu = f"{SG}.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
+        return [
+            (
+                f"{SG}.utils.torch_memory_saver_adapter.TorchMemorySaverAdapter.create",
+                "AROUND",
+                self.create_adapter,
+            ),
+            (f"{mr}.load_model", "AFTER", self.after_load_model),
+            (
+                f"{mr}.finalize_startup_weight_load",
+                "AFTER",
+                self.after_finalize_startup_weight_load,
+            ),
+            (f"{mr}.init_cuda_graphs", "AROUND", self.around_init_cuda_graphs),
+            (f"{wu}.release_memory_occupation", "AROUND", self.around_release),
+            (f"{wu}.resume_memory_occupation", "AROUND", self.around_resume),
+            (
+                f"{SG}.model_executor.model_runner_components.weight_updater.WeightUpdater.update_weights_from_disk",
+                "AROUND",
+                self.around_runner_update_from_disk,
+            ),
+            (f"{SG}.managers.scheduler.Scheduler.on_idle", "AFTER", self.after_on_idle),
+        ]
+
+    # ---------------------------------------------------------------- memory saver
+    def create_adapter(self, original: Any, *args: Any, **kwargs: Any) -> Any:
+        adapter = ColdsnapMemorySaverAdapter(
+            original(*args, **kwargs), live_backing=self.settings.live_backing
+        )
+        self.adapters.append(adapter)
+        return adapter
+
+    # ---------------------------------------------------------------- loaders
+    def after_load_model(self, result: Any, runner: Any, *args: Any, **kwargs: Any) -> None:
+        if getattr(runner, "startup_weight_load", None) is not None:
+            return  # weights are committed later, in finalize_startup_weight_load
+        self._register(runner)
+
+    def after_finalize_startup_weight_load(
+        self, result: Any, runner: Any, *args: Any, **kwargs: Any
+    ) -> None:
+        self._register(runner)
+
+    def _register(self, runner: Any) -> None:
+        role = _role(runner)
+        entry = self.registry.register(role, runner.model)
+        info = entry.summary()
+        self.status.update(
+            "registered", registered={**self.status.record.get("registered", {}), role: info}
+        )
+        if self.settings.mode == "restore" and self.settings.startup_provider == "native":
+            assert self.settings.artifact_dir is not None  # settings cross-check
+            src = _payload.pack_dir(self.settings.artifact_dir, _tp_rank(), role)
+            t0 = time.perf_counter()
+            source, verify_seconds = _payload.prepare(
+                entry.model, src, verify=not self.settings.artifact_preverified
+            )
+            summary = _payload.hydrate(entry.model, source)
+            entry.check_live()
+            summary["verify_seconds"] = verify_seconds
+            summary["seconds"] = time.perf_counter() - t0
+            self.status.update("startup_hydrated", startup_hydration={role: summary})
+
+    # ---------------------------------------------------------------- release / resume
+    def around_release(
+        self, original: Any, mgr: Any, recv_req: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        tags = _tags(recv_req)
+        group = mgr.tp_cpu_group
+        op = getattr(recv_req, "rid", None)
+        try:
+            exports = self._before_release(tags, _tp_rank(group), op)
+        except Exception as exc:
+            # Nothing is released yet: the engine keeps serving and the call can be retried.
+            logger.error("coldsnap: release refused: %s", traceback.format_exc())
+            _barrier(group)
+            self.status.update("release_failed", operation=op, outcome="failed", error=_err(exc))
+            return _output("ReleaseMemoryOccupationReqOutput")
+        result = original(mgr, recv_req, *args, **kwargs)
+        outcome, error, nccl = "ok", None, None
+        try:
+            nccl = _nccl.prepare(_tp_group()) if WEIGHTS in tags else None
+        except Exception as exc:
+            outcome, error = "failed", _err(exc)
+        _barrier(group)
+        self.status.update(
+            "released",
+            operation=op,
+            outcome=outcome,
+            error=error,
+            released_tags=sorted(mgr.offload_tags),
+            freed_by=self._freed_by(),
+            discarded_bytes=HOST_BACKEND.last_discarded_bytes if WEIGHTS in tags else 0,
+            export=exports,
+            nccl=nccl,
+        )
+        return result
+
+    def _before_release(self, tags: list[str], rank: int, op: str | None) -> dict[str, Any] | None:
+        """Checks the registry and exports the native payload while the weights are intact."""
+        if WEIGHTS not in tags:
+            return None
+        self._require_registered()
+        for entry in self.registry.models():
+            entry.check_live()
+        if not self.settings.export_model_payload:
+            return None
+        assert self.settings.artifact_dir is not None  # settings cross-check
+        root = export_root(self.settings.artifact_dir, op)
+        exports: dict[str, Any] = {"root": str(root)}
+        for entry in self.registry.models():
+            exports[entry.role] = _payload.export(
+                entry.model, _payload.pack_dir(root, rank, entry.role)
+            )
+        return exports
+
+    def around_resume(
+        self, original: Any, mgr: Any, recv_req: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        tags = _tags(recv_req)
+        group = mgr.tp_cpu_group
+        op = getattr(recv_req, "rid", None)
+        if WEIGHTS not in tags or WEIGHTS not in mgr.offload_tags:
+            # Nothing to refill: SGLang's own resume (which refuses unreleased tags).
+            result = original(mgr, recv_req, *args, **kwargs)
+            _barrier(group)
+            self.status.update(
+                "resumed",
+                operation=op,
+                outcome="ok",
+                error=None,
+                released_tags=sorted(mgr.offload_tags),
+            )
+            return result
+        self.status.update("resuming", operation=op, outcome="running", error=None)
+        if self.weights_invalid:
+            _barrier(group)
+            self.status.update(
+                "resume_refused",
+                operation=op,
+                outcome="refused",
+                error="an earlier resume failed after the weights region was resumed; "
+                "this engine's weights are not valid and it must be replaced",
+            )
+            return _resume_output()
+        try:
+            # Stage 1: everything that can refuse, before any memory changes (retryable).
+            plan = read_plan(self._runtime_dir())
+            staged = self._stage(plan, _tp_rank(group))
+        except Exception as exc:
+            _barrier(group)
+            self.status.update("resume_refused", operation=op, outcome="refused", error=_err(exc))
+            return _resume_output()
+        try:
+            # Stage 2: resume the regions and refill the weights.
+            detail = self._resume_with(plan, staged, original, mgr, recv_req, tags, args, kwargs)
+        except Exception as exc:
+            self.weights_invalid = True
+            logger.error("coldsnap: resume failed: %s", traceback.format_exc())
+            _barrier(group)
+            self.status.update(
+                "resume_failed",
+                operation=op,
+                outcome="failed",
+                error=_err(exc),
+                released_tags=sorted(mgr.offload_tags),
+            )
+            return _resume_output()
+        _barrier(group)
+        self.status.update(
+            "resumed",
+            operation=op,
+            outcome="ok",
+            error=None,
+            released_tags=sorted(mgr.offload_tags),
+            resume=detail,
+        )
+        return _resume_output()
+
+    def _stage(self, plan: Any, rank: int) -> dict[str, Any]:
+        """Checks the plan against this rank's registry; opens and verifies native packs."""
+        self._require_registered()
+        staged: dict[str, Any] = {"nccl": None, "sources": {}, "verify_seconds": {}}
+        if plan.provider == "native":
+            verify = not (plan.preverified or self.settings.artifact_preverified)
+            for entry in self.registry.models():
+                src = _payload.pack_dir(plan.payload_dir, rank, entry.role)
+                source, seconds = _payload.prepare(entry.model, src, verify=verify)
+                staged["sources"][entry.role] = source
+                staged["verify_seconds"][entry.role] = seconds
+        else:
+            for entry in self.registry.models():
+                path = plan.checkpoint if entry.role == "target" else plan.draft_checkpoint
+                if not path:
+                    raise RuntimeError(
+                        f"the resume plan names no checkpoint for the {entry.role} model "
+                        "(a draft model recovers from its own path, never the target's)"
+                    )
+                if not Path(path).is_dir():
+                    raise RuntimeError(
+                        f"checkpoint {path} for the {entry.role} model is not a directory"
+                    )
+        staged["nccl"] = _nccl.restore(_tp_group())
+        return staged
+
+    def _resume_with(
+        self,
+        plan: Any,
+        staged: dict[str, Any],
+        original: Any,
+        mgr: Any,
+        recv_req: Any,
+        tags: list[str],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> dict[str, Any]:
+        detail: dict[str, Any] = {"provider": plan.provider, "nccl": staged["nccl"]}
+        t0 = time.perf_counter()
+        if plan.provider == "native":
+            original(mgr, recv_req, *args, **kwargs)
+            hydrated = {}
+            for entry in self.registry.models():
+                hydrated[entry.role] = _payload.hydrate(entry.model, staged["sources"][entry.role])
+                hydrated[entry.role]["verify_seconds"] = staged["verify_seconds"][entry.role]
+                entry.check_live()
+            detail["hydrated"] = hydrated
+        else:
+            original(mgr, _with_tags(recv_req, [WEIGHTS]), *args, **kwargs)
+            load_format = plan.load_format or self.settings.recovery_load_format
+            loaded = {}
+            for role, runner in mgr._select_runners("all"):
+                path = plan.checkpoint if role == "target" else plan.draft_checkpoint
+                ok, message = runner.weight_updater.update_weights_from_disk(path, load_format)
+                if not ok:
+                    raise RuntimeError(
+                        f"update_weights_from_disk({path}) for {role} failed: {message}"
+                    )
+                loaded[role] = path
+            for entry in self.registry.models():
+                entry.check_live()
+            detail["loaded"] = loaded
+            rest = [t for t in tags if t != WEIGHTS]
+            if rest:  # second phase: KV cache and graphs once the weights are real
+                original(mgr, _with_tags(recv_req, rest), *args, **kwargs)
+            detail["second_phase"] = rest
+        detail["storages_unchanged"] = True
+        detail["seconds"] = time.perf_counter() - t0
+        return detail
+
+    def around_runner_update_from_disk(
+        self, original: Any, updater: Any, model_path: str, *args: Any, **kwargs: Any
+    ) -> Any:
+        """A draft model recovers from its own pinned path, never from the target's."""
+        runner = updater.get_model_runner()
+        if getattr(runner, "is_draft_worker", False):
+            draft_path = self._plan_draft_checkpoint()
+            if draft_path and model_path != draft_path:
+                logger.info(
+                    "coldsnap: draft model reloads from %s instead of %s", draft_path, model_path
+                )
+                model_path = draft_path
+        return original(updater, model_path, *args, **kwargs)
+
+    def _plan_draft_checkpoint(self) -> str | None:
+        try:
+            return read_plan(self._runtime_dir()).draft_checkpoint
+        except Exception:
+            return None
+
+    # ---------------------------------------------------------------- graphs
+    def around_init_cuda_graphs(self, original: Any, runner: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(runner, "is_draft_worker", False):
+            return original(runner, *args, **kwargs)
+        capture_decode = kwargs.pop("capture_decode_cuda_graph", args[0] if args else True)
+        if self.settings.async_cuda_graphs and capture_decode:
+            # Serve eagerly first; the decode graph is captured at the first idle boundary
+            # after a completed request (after_on_idle).
+            self.async_decode_pending = True
+            self.status.update("decode_graph_deferred", async_decode_graph="pending")
+            capture_decode = False
+        result = original(runner, capture_decode_cuda_graph=capture_decode)
+        if self.settings.shape_calibration != "off" and not self.async_decode_pending:
+            self.calibrate(runner)
+        return result
+
+    def after_on_idle(self, result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
+        if not self.async_decode_pending:
+            return
+        if getattr(scheduler, "forward_ct", 0) <= 0 or not scheduler.is_fully_idle():
+            return
+        self.async_decode_pending = False
+        runner = scheduler.tp_worker.model_runner
+        t0 = time.perf_counter()
+        runner.init_decode_cuda_graph()
+        self.status.update(
+            "decode_graph_captured",
+            async_decode_graph={
+                "captured_after_forward": int(scheduler.forward_ct),
+                "capture_bs": list(getattr(runner, "decode_cuda_graph_capture_bs", []) or []),
+                "seconds": time.perf_counter() - t0,
+            },
+        )
+        if self.settings.shape_calibration != "off":
+            self.calibrate(runner)
+
+    def calibrate(self, runner: Any) -> dict[str, Any]:
+        """Compares SGLang's own decode batch-size plan with what was warmed (and captured)."""
+        plan = decode_shape_plan(runner)
+        warmed = sorted(
+            int(b) for b in (getattr(runner, "decode_cuda_graph_capture_bs", None) or [])
+        )
+        if warmed != plan["capture_bs"]:
+            raise ShapeCalibrationError(
+                f"decode graph plan {plan['capture_bs']} (backend {plan['decode_backend']}) "
+                f"differs from the warmed batch sizes {warmed}"
+            )
+        record = {"format": SHAPE_PLAN_FORMAT, "kind": SHAPE_PLAN_KIND, **plan}
+        if self.settings.shape_calibration == "enforce":
+            import json
+
+            assert self.settings.artifact_dir is not None  # settings cross-check
+            path = self.settings.artifact_dir / SHAPE_PLAN_FILE
+            try:
+                captured = json.loads(path.read_text())
+            except (OSError, ValueError) as exc:
+                raise ShapeCalibrationError(
+                    f"no readable captured shape plan at {path}: {exc}"
+                ) from None
+            if (
+                captured.get("kind") != SHAPE_PLAN_KIND
+                or captured.get("format") != SHAPE_PLAN_FORMAT
+            ):
+                raise ShapeCalibrationError(f"{path} is not a shape plan record (kind/format)")
+            for key in ("decode_backend", "capture_bs"):
+                if captured.get(key) != record[key]:
+                    raise ShapeCalibrationError(
+                        f"shape plan {key}: captured {captured.get(key)!r}, now {record[key]!r}"
+                    )
+        from ._records import write_json_atomic
+
+        write_json_atomic(self._runtime_dir() / SHAPE_PLAN_FILE, record)
+        self.status.update("shape_calibrated", shape_plan=plan)
+        return plan
+
+    # ---------------------------------------------------------------- helpers
+    def _require_registered(self) -> None:
+        if not self.registry.models():
+            raise RegistryError(
+                "no model storages were registered in this scheduler (the loader hook did not "
+                "run), so released weights could not be exported or refilled"
+            )
+
+    def _runtime_dir(self) -> Any:
+        assert self.settings.runtime_dir is not None  # settings cross-check
+        return self.settings.runtime_dir
+
+    def _freed_by(self) -> str:
+        return self.adapters[0].freed_by() if self.adapters else "none"
+
+
+def _output(name: str) -> Any:
+    """The reply SGLang's scheduler sends back (the HTTP process waits for one)."""
+    from sglang.srt.managers import io_struct
+
+    return getattr(io_struct, name)()
+
+
+def _resume_output() -> Any:
+    return _output("ResumeMemoryOccupationReqOutput")
+
+
+def _err(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def export_root(artifact_dir: Path, operation: str | None) -> Path:
+    """Each release exports under its own operation id, so one engine can export twice."""
+    name = _SAFE.sub("_", operation or "")[:128]
+    if not name.strip("."):
+        name = "export"  # never "", "." or "..": the root stays inside artifact_dir/native
+    return artifact_dir / "native" / name
+
+
+def _tp_group() -> Any:
+    try:
+        from sglang.srt.distributed.parallel_state import get_tp_group
+
+        return get_tp_group()
+    except Exception:
+        return None
+
+
+def decode_shape_plan(runner: Any) -> dict[str, Any]:
+    """The decode graph batch sizes SGLang's own functions plan for this runner."""
+    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
+
+    if runner.device == "cpu":
+        from sglang.srt.runtime_context import get_flags
+
+        if not get_flags().capture.enable_torch_compile:
+            return {"device": "cpu", "decode_backend": "disabled", "capture_bs": []}
+        from sglang.srt.model_executor.cpu_graph_runner import get_batch_sizes_to_capture as cpu_bs
+
+        return {
+            "device": "cpu",
+            "decode_backend": "cpu_graph",
+            "capture_bs": sorted(cpu_bs(runner)),
+        }
+    if check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED):
+        return {"device": runner.device, "decode_backend": "disabled", "capture_bs": []}
+    from sglang.srt.model_executor.runner.base_cuda_graph_runner import get_batch_sizes_to_capture
+
+    bs = get_batch_sizes_to_capture(runner)
+    if not (
+        isinstance(bs, tuple) and len(bs) == 2 and all(isinstance(b, int) and b > 0 for b in bs[0])
+    ):
+        raise ShapeCalibrationError(f"unrecognised decode batch-size plan {bs!r}")
+    from sglang.srt.runtime_context import get_exec
+
+    return {
+        "device": runner.device,
+        "decode_backend": str(get_exec().graph.cuda_graph_config.decode.backend),
+        "capture_bs": sorted(bs[0]),
+    }

@@ -1,0 +1,180 @@
+"""The plugin's settings: every COLDSNAP_* variable, parsed once into one validated object.
+
+The environment of an SGLang process is fixed when it starts (and frozen into an n610
+image), so per-operation instructions that change between capture and restore are not read
+from here but from files under COLDSNAP_RUNTIME_DIR (see `_plan.py`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import attrs
+
+MODES = ("off", "capture", "restore")
+LIVE_BACKINGS = ("auto", "torch_memory_saver", "host_discard", "none")
+STARTUP_PROVIDERS = ("checkpoint", "native", "recovery")
+# Load formats that read a checkpoint from a local directory (SGLang `LoadFormat` values);
+# admission also checks that the installed SGLang knows the one chosen.
+RECOVERY_LOAD_FORMATS = ("auto", "safetensors", "pt")
+SHAPE_CALIBRATIONS = ("off", "record", "enforce")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+BOOL_VALUES = ("0", "1", "true", "false", "yes", "no", "on", "off")
+
+
+class SettingsError(ValueError):
+    """One or more COLDSNAP_* variables are invalid; each line names one and what it accepts."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = tuple(problems)
+        self.variables = tuple(name for name, _ in problems)
+        super().__init__("\n".join(f"{name}: {message}" for name, message in problems))
+
+
+@attrs.frozen(kw_only=True)
+class Settings:
+    """What the plugin does in this process (all fields from COLDSNAP_* variables).
+
+    mode: off (inert: no hooks), capture (an engine launched to be captured), restore (an
+        engine constructed from a restored n580 template).
+    live_backing: how released weights give their memory back: torch_memory_saver (CUDA VMM
+        regions), host_discard (CPU: the pages of the registered storages are returned to the
+        kernel and refilled in place by hydration), auto (the first that applies), none.
+    """
+
+    mode: str = "off"
+    artifact_dir: Path | None = None
+    process_artifact_root: Path | None = None
+    live_backing: str = "auto"
+    runtime_dir: Path | None = None
+    artifact_preverified: bool = False
+    export_model_payload: bool = False
+    startup_provider: str = "checkpoint"
+    recovery_load_format: str = "auto"
+    async_cuda_graphs: bool = False
+    shape_calibration: str = "off"
+
+    @property
+    def active(self) -> bool:
+        return self.mode != "off"
+
+
+# variable name -> (field, kind, accepted values or None)
+_VARIABLES: dict[str, tuple[str, str, tuple[str, ...] | None]] = {
+    "COLDSNAP_MODE": ("mode", "choice", MODES),
+    "COLDSNAP_ARTIFACT_DIR": ("artifact_dir", "path", None),
+    "COLDSNAP_PROCESS_ARTIFACT_ROOT": ("process_artifact_root", "path", None),
+    "COLDSNAP_LIVE_BACKING": ("live_backing", "choice", LIVE_BACKINGS),
+    "COLDSNAP_RUNTIME_DIR": ("runtime_dir", "path", None),
+    "COLDSNAP_ARTIFACT_PREVERIFIED": ("artifact_preverified", "bool", BOOL_VALUES),
+    "COLDSNAP_EXPORT_MODEL_PAYLOAD": ("export_model_payload", "bool", BOOL_VALUES),
+    "COLDSNAP_SGLANG_STARTUP_PROVIDER": ("startup_provider", "choice", STARTUP_PROVIDERS),
+    "COLDSNAP_SGLANG_RECOVERY_LOAD_FORMAT": (
+        "recovery_load_format",
+        "choice",
+        RECOVERY_LOAD_FORMATS,
+    ),
+    "COLDSNAP_ASYNC_CUDA_GRAPHS": ("async_cuda_graphs", "bool", BOOL_VALUES),
+    "COLDSNAP_SHAPE_CALIBRATION": ("shape_calibration", "choice", SHAPE_CALIBRATIONS),
+}
+VARIABLES = tuple(_VARIABLES)
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Parses every COLDSNAP_* variable of the design; raises SettingsError naming each bad one
+    with the values it accepts. Other COLDSNAP_* names are not errors (see `unknown_variables`).
+    """
+    env = os.environ if environ is None else environ
+    problems: list[tuple[str, str]] = []
+    values: dict[str, object] = {}
+    for name, (field, kind, accepted) in _VARIABLES.items():
+        raw = env.get(name)
+        if raw is None:
+            continue
+        value = raw.strip()
+        if kind == "choice":
+            assert accepted is not None
+            if value not in accepted:
+                problems.append((name, f"{raw!r} is not one of: {', '.join(accepted)}"))
+            else:
+                values[field] = value
+        elif kind == "bool":
+            low = value.lower()
+            if low in _TRUE:
+                values[field] = True
+            elif low in _FALSE:
+                values[field] = False
+            else:
+                problems.append(
+                    (name, f"{raw!r} is not a boolean (accepted: {', '.join(BOOL_VALUES)})")
+                )
+        else:
+            if not value:
+                continue
+            path = Path(value)
+            if not path.is_absolute():
+                problems.append(
+                    (name, f"{raw!r} is not an absolute path (accepted: an absolute path)")
+                )
+            else:
+                values[field] = path
+    settings = Settings(**values) if not problems else None  # type: ignore[arg-type]
+    if settings is not None:
+        problems += _cross_checks(settings)
+    if problems:
+        raise SettingsError(problems)
+    assert settings is not None
+    return settings
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """COLDSNAP_* names the plugin does not know: likely misspellings, logged at start-up.
+    (The orchestrator's own COLDSNAP_* variables may reach the engine's environment too, so
+    they are not refused.)"""
+    env = os.environ if environ is None else environ
+    return sorted(k for k in env if k.startswith("COLDSNAP_") and k not in _VARIABLES)
+
+
+def _cross_checks(s: Settings) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    if s.active and s.runtime_dir is None:
+        problems.append(
+            (
+                "COLDSNAP_RUNTIME_DIR",
+                f"must be set when COLDSNAP_MODE={s.mode} (accepted: an absolute path)",
+            )
+        )
+    if s.export_model_payload and s.artifact_dir is None:
+        problems.append(
+            (
+                "COLDSNAP_ARTIFACT_DIR",
+                "must be set when COLDSNAP_EXPORT_MODEL_PAYLOAD is on (accepted: an absolute path)",
+            )
+        )
+    if s.startup_provider == "native" and s.artifact_dir is None:
+        problems.append(
+            (
+                "COLDSNAP_ARTIFACT_DIR",
+                "must be set when COLDSNAP_SGLANG_STARTUP_PROVIDER=native "
+                "(accepted: an absolute path)",
+            )
+        )
+    if s.startup_provider != "checkpoint" and s.mode != "restore":
+        problems.append(
+            (
+                "COLDSNAP_SGLANG_STARTUP_PROVIDER",
+                f"{s.startup_provider!r} applies only with COLDSNAP_MODE=restore "
+                f"(accepted here: checkpoint)",
+            )
+        )
+    if s.shape_calibration == "enforce" and s.artifact_dir is None:
+        problems.append(
+            (
+                "COLDSNAP_ARTIFACT_DIR",
+                "must be set when COLDSNAP_SHAPE_CALIBRATION=enforce (accepted: an absolute path)",
+            )
+        )
+    return problems

@@ -1,0 +1,19 @@
+"""Fixtures for the engine adapter's tests against a real SGLang on CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def sglang_cpu() -> None:
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("SGLang is not installed (scripts/setup.sh sglang)")
+    import torch
+
+    if torch.version.cuda is None:
+        from coldsnap.testing.sglang_cpu import activate
+
+        activate()

@@ -1,0 +1,154 @@
+"""Scheduler-side hooks on fakes, for the paths a CPU server cannot run: a draft model's
+recovery path, async decode-graph capture and shape calibration."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import coldsnap.plugin._scheduler as sched
+from coldsnap.plugin import ResumePlan, Settings, StatusFile, StorageRegistry, write_plan
+
+
+def hooks(tmp_path: Path, **settings: Any) -> sched.SchedulerHooks:
+    s = Settings(mode="capture", runtime_dir=tmp_path, **settings)
+    return sched.SchedulerHooks(s, StatusFile(tmp_path, "scheduler-tp0", {}), StorageRegistry())
+
+
+def updater(is_draft: bool) -> Any:
+    runner = SimpleNamespace(is_draft_worker=is_draft)
+    return SimpleNamespace(get_model_runner=lambda: runner)
+
+
+def test_draft_model_recovers_from_its_own_path(tmp_path: Path) -> None:
+    h = hooks(tmp_path)
+    write_plan(
+        tmp_path,
+        ResumePlan(provider="recovery", checkpoint="/ckpt/target", draft_checkpoint="/ckpt/draft"),
+    )
+    seen: list[str] = []
+
+    def original(upd: Any, model_path: str, load_format: str) -> tuple[bool, str]:
+        seen.append(model_path)
+        return True, "ok"
+
+    h.around_runner_update_from_disk(original, updater(True), "/ckpt/target", "auto")
+    h.around_runner_update_from_disk(original, updater(False), "/ckpt/target", "auto")
+    assert seen == ["/ckpt/draft", "/ckpt/target"]
+
+
+def test_without_a_plan_update_from_disk_is_untouched(tmp_path: Path) -> None:
+    h = hooks(tmp_path)
+    seen: list[str] = []
+    h.around_runner_update_from_disk(lambda u, p, f: seen.append(p), updater(True), "/m", "auto")
+    assert seen == ["/m"]
+
+
+class FakeRunner:
+    def __init__(self, draft: bool = False) -> None:
+        self.is_draft_worker = draft
+        self.device = "cuda"
+        self.decode_cuda_graph_capture_bs: list[int] = []
+        self.captures = 0
+
+    def init_decode_cuda_graph(self) -> None:
+        self.captures += 1
+        self.decode_cuda_graph_capture_bs = [1, 2, 4]
+
+
+def test_async_decode_graph_serves_eagerly_then_captures_at_idle(tmp_path: Path) -> None:
+    h = hooks(tmp_path, async_cuda_graphs=True)
+    runner = FakeRunner()
+    calls: list[bool] = []
+    h.around_init_cuda_graphs(
+        lambda r, capture_decode_cuda_graph: calls.append(capture_decode_cuda_graph), runner
+    )
+    assert calls == [False] and h.async_decode_pending
+
+    state = {"idle": True}
+    scheduler = SimpleNamespace(
+        forward_ct=0,
+        is_fully_idle=lambda: state["idle"],
+        tp_worker=SimpleNamespace(model_runner=runner),
+    )
+    h.after_on_idle(None, scheduler)  # no completed request yet
+    scheduler.forward_ct = 3
+    state["idle"] = False
+    h.after_on_idle(None, scheduler)  # busy
+    assert runner.captures == 0
+    state["idle"] = True
+    h.after_on_idle(None, scheduler)
+    h.after_on_idle(None, scheduler)
+    assert runner.captures == 1 and not h.async_decode_pending
+    assert h.status.record["async_decode_graph"]["capture_bs"] == [1, 2, 4]
+
+
+def test_async_capture_is_target_only(tmp_path: Path) -> None:
+    h = hooks(tmp_path, async_cuda_graphs=True)
+    calls: list[Any] = []
+    h.around_init_cuda_graphs(lambda r, *a, **k: calls.append((a, k)), FakeRunner(draft=True))
+    assert calls == [((), {})] and not h.async_decode_pending
+
+
+def test_shape_calibration_fails_on_mismatch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = hooks(tmp_path, shape_calibration="record")
+    runner = FakeRunner()
+    plan = {"device": "cuda", "decode_backend": "full", "capture_bs": [1, 2, 4, 8]}
+    monkeypatch.setattr(sched, "decode_shape_plan", lambda r: dict(plan))
+    runner.decode_cuda_graph_capture_bs = [1, 2, 4]
+    with pytest.raises(
+        sched.ShapeCalibrationError, match=r"differs from the warmed batch sizes \[1, 2, 4\]"
+    ):
+        h.calibrate(runner)
+    runner.decode_cuda_graph_capture_bs = [8, 4, 2, 1]
+    assert h.calibrate(runner)["capture_bs"] == [1, 2, 4, 8]
+    assert (tmp_path / "shape-plan.json").exists()
+
+
+def test_enforced_calibration_compares_with_the_captured_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    art = tmp_path / "art"
+    art.mkdir()
+    h = hooks(tmp_path, shape_calibration="enforce", artifact_dir=art)
+    runner = FakeRunner()
+    runner.decode_cuda_graph_capture_bs = [1, 2]
+    monkeypatch.setattr(
+        sched,
+        "decode_shape_plan",
+        lambda r: {"device": "cuda", "decode_backend": "full", "capture_bs": [1, 2]},
+    )
+    with pytest.raises(sched.ShapeCalibrationError, match="no readable captured shape plan"):
+        h.calibrate(runner)
+    captured = {"format": 1, "kind": "coldsnap.sglang.shape-plan", "decode_backend": "full"}
+    (art / "shape-plan.json").write_text(json.dumps({**captured, "capture_bs": [1, 2, 4]}))
+    with pytest.raises(sched.ShapeCalibrationError, match="capture_bs: captured"):
+        h.calibrate(runner)
+
+
+def test_export_root_is_per_operation_and_safe(tmp_path: Path) -> None:
+    assert sched.export_root(tmp_path, "coldsnap-abc") == tmp_path / "native" / "coldsnap-abc"
+    assert sched.export_root(tmp_path, "../../etc") == tmp_path / "native" / ".._.._etc"
+    assert sched.export_root(tmp_path, None) == tmp_path / "native" / "export"
+    assert sched.export_root(tmp_path, "..") == tmp_path / "native" / "export"
+
+
+def test_release_of_weights_is_refused_when_nothing_was_registered(
+    tmp_path: Path, sglang_cpu: None
+) -> None:
+    h = hooks(tmp_path)
+    released: list[Any] = []
+    mgr = SimpleNamespace(tp_cpu_group=None, offload_tags=set())
+    out = h.around_release(
+        lambda m, r: released.append(r), mgr, SimpleNamespace(tags=["weights"], rid="op1")
+    )
+    assert released == []  # SGLang's release never ran
+    assert type(out).__name__ == "ReleaseMemoryOccupationReqOutput"
+    record = h.status.record
+    assert record["outcome"] == "failed" and "no model storages were registered" in record["error"]

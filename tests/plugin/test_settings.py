@@ -1,0 +1,123 @@
+"""COLDSNAP_* settings: one validated object; bad values name the variable and what it accepts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from coldsnap.plugin import VARIABLES, Settings, SettingsError, load_settings, unknown_variables
+
+BASE = {"COLDSNAP_MODE": "capture", "COLDSNAP_RUNTIME_DIR": "/run/cs"}
+
+
+def test_defaults_are_inert() -> None:
+    s = load_settings({})
+    assert s == Settings()
+    assert not s.active
+
+
+def test_every_variable_of_the_design_is_parsed() -> None:
+    env = {
+        "COLDSNAP_MODE": "restore",
+        "COLDSNAP_ARTIFACT_DIR": "/a/art",
+        "COLDSNAP_PROCESS_ARTIFACT_ROOT": "/a/proc",
+        "COLDSNAP_LIVE_BACKING": "host_discard",
+        "COLDSNAP_RUNTIME_DIR": "/a/run",
+        "COLDSNAP_ARTIFACT_PREVERIFIED": "1",
+        "COLDSNAP_EXPORT_MODEL_PAYLOAD": "true",
+        "COLDSNAP_SGLANG_STARTUP_PROVIDER": "native",
+        "COLDSNAP_SGLANG_RECOVERY_LOAD_FORMAT": "safetensors",
+        "COLDSNAP_ASYNC_CUDA_GRAPHS": "yes",
+        "COLDSNAP_SHAPE_CALIBRATION": "enforce",
+    }
+    assert set(env) == set(VARIABLES)
+    s = load_settings(env)
+    assert s == Settings(
+        mode="restore",
+        artifact_dir=Path("/a/art"),
+        process_artifact_root=Path("/a/proc"),
+        live_backing="host_discard",
+        runtime_dir=Path("/a/run"),
+        artifact_preverified=True,
+        export_model_payload=True,
+        startup_provider="native",
+        recovery_load_format="safetensors",
+        async_cuda_graphs=True,
+        shape_calibration="enforce",
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "accepted"),
+    [
+        ("COLDSNAP_MODE", "sideways", "off, capture, restore"),
+        ("COLDSNAP_LIVE_BACKING", "gpu", "auto, torch_memory_saver, host_discard, none"),
+        ("COLDSNAP_SGLANG_STARTUP_PROVIDER", "s3", "checkpoint, native, recovery"),
+        ("COLDSNAP_SGLANG_RECOVERY_LOAD_FORMAT", "gguf", "auto, safetensors, pt"),
+        ("COLDSNAP_SHAPE_CALIBRATION", "maybe", "off, record, enforce"),
+        ("COLDSNAP_ASYNC_CUDA_GRAPHS", "2", "0, 1, true, false"),
+        ("COLDSNAP_EXPORT_MODEL_PAYLOAD", "please", "0, 1, true, false"),
+        ("COLDSNAP_ARTIFACT_PREVERIFIED", "si", "0, 1, true, false"),
+        ("COLDSNAP_RUNTIME_DIR", "relative/dir", "an absolute path"),
+        ("COLDSNAP_ARTIFACT_DIR", "art", "an absolute path"),
+        ("COLDSNAP_PROCESS_ARTIFACT_ROOT", "./p", "an absolute path"),
+    ],
+)
+def test_bad_value_names_variable_and_accepted_values(name: str, value: str, accepted: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings({**BASE, name: value})
+    assert info.value.variables == (name,)
+    message = str(info.value)
+    assert message.startswith(f"{name}: {value!r}")
+    assert accepted in message
+
+
+def test_all_problems_are_reported_at_once() -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings({"COLDSNAP_MODE": "x", "COLDSNAP_LIVE_BACKING": "y"})
+    assert info.value.variables == ("COLDSNAP_MODE", "COLDSNAP_LIVE_BACKING")
+
+
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        ({"COLDSNAP_MODE": "capture"}, "COLDSNAP_RUNTIME_DIR"),
+        ({**BASE, "COLDSNAP_EXPORT_MODEL_PAYLOAD": "1"}, "COLDSNAP_ARTIFACT_DIR"),
+        (
+            {
+                "COLDSNAP_MODE": "restore",
+                "COLDSNAP_RUNTIME_DIR": "/r",
+                "COLDSNAP_SGLANG_STARTUP_PROVIDER": "native",
+            },
+            "COLDSNAP_ARTIFACT_DIR",
+        ),
+        (
+            {**BASE, "COLDSNAP_SGLANG_STARTUP_PROVIDER": "recovery"},
+            "COLDSNAP_SGLANG_STARTUP_PROVIDER",
+        ),
+        ({**BASE, "COLDSNAP_SHAPE_CALIBRATION": "enforce"}, "COLDSNAP_ARTIFACT_DIR"),
+    ],
+)
+def test_combinations_that_cannot_work_are_refused(env: dict[str, str], variable: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings(env)
+    assert variable in info.value.variables
+
+
+def test_booleans_accept_common_spellings() -> None:
+    for raw, want in [
+        ("1", True),
+        ("TRUE", True),
+        ("on", True),
+        ("0", False),
+        ("no", False),
+        ("", False),
+    ]:
+        assert load_settings({"COLDSNAP_ASYNC_CUDA_GRAPHS": raw}).async_cuda_graphs is want
+
+
+def test_unknown_names_are_reported_not_refused() -> None:
+    env = {**BASE, "COLDSNAP_EXPORT_MODEL_PAYLAOD": "1"}
+    assert load_settings(env).mode == "capture"
+    assert unknown_variables(env) == ["COLDSNAP_EXPORT_MODEL_PAYLAOD"]

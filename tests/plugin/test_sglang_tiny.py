@@ -1,0 +1,212 @@
+"""A real SGLang server (tiny Qwen3, tied embeddings) with the plugin: hooks land in the main
+and scheduler processes, storages are registered, release/resume with native hydration and with
+recovery give the cold server's tokens and bit-exact weights, failures fail closed."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from coldsnap.engines import EngineClient, EngineError
+from coldsnap.plugin import ResumePlan, write_plan
+
+from .conftest import generate_all, plugin_env, read_status, scheduler_process
+
+pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+
+
+@attrs.define
+class Served:
+    server: Any
+    client: EngineClient
+    runtime: Path
+    artifacts: Path
+    model: Any
+    cold: dict[str, tuple[int, ...]]
+    checksum: dict[str, Any]
+    acceptance: tuple[int, ...]
+
+
+@pytest.fixture(scope="module")
+def served(
+    sglang_cpu: None, models_root: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Served]:
+    from coldsnap.testing.models import build_model
+    from coldsnap.testing.sglang_cpu import start_server
+
+    model = build_model(models_root / "qwen3-tiny", arch="qwen3", size="tiny", seed=1)
+    base = tmp_path_factory.mktemp("tiny-server")
+    env = plugin_env(
+        base / "run",
+        COLDSNAP_EXPORT_MODEL_PAYLOAD="1",
+        COLDSNAP_ARTIFACT_DIR=str(base / "art"),
+        COLDSNAP_SHAPE_CALIBRATION="record",
+        COLDSNAP_ASYNC_CUDA_GRAPHS="1",
+    )
+    server = start_server(model.path, log_path=base / "server.log", env=env)
+    client = EngineClient(server.url)
+    try:
+        cold = generate_all(client)
+        served = Served(
+            server,
+            client,
+            base / "run",
+            base / "art",
+            model,
+            cold,
+            client.weights_checksum(),
+            client.acceptance_tokens(),
+        )
+        yield served
+    finally:
+        client.close()
+        server.stop()
+
+
+def release_exported(s: Served) -> str:
+    """Releases everything; returns the export root the scheduler reported."""
+    s.client.release()
+    assert s.client.health() is False and s.client.ready() is False
+    status = read_status(s.runtime, "scheduler-tp0")
+    assert status["outcome"] == "ok" and status["released_tags"] == [
+        "cuda_graph",
+        "kv_cache",
+        "weights",
+    ]
+    return str(status["export"]["root"])
+
+
+def assert_like_cold(s: Served) -> None:
+    assert s.client.health() is True
+    assert generate_all(s.client) == s.cold
+    s.client.accept(s.acceptance)
+    checksum = s.client.weights_checksum()
+    assert checksum["per_engine_checksum"] == s.checksum["per_engine_checksum"]
+    assert checksum["ranks"][0]["checksums"] == s.checksum["ranks"][0]["checksums"]
+
+
+def test_hooks_landed_in_main_and_scheduler(served: Served) -> None:
+    from coldsnap.plugin import Settings, StatusFile, digest
+    from coldsnap.plugin._gate import HealthGate
+    from coldsnap.plugin._scheduler import SchedulerHooks
+
+    main = read_status(served.runtime, "main")
+    sched = read_status(served.runtime, "scheduler-tp0")
+    assert main["pid"] == served.server.pid
+    assert sched["pid"] == scheduler_process(served.server.pid).pid
+    gate = HealthGate(StatusFile(None, "x", {}), None)
+    hooks = SchedulerHooks(Settings(), StatusFile(None, "x", {}))
+    assert main["hooks"] == [t for t, _, _ in gate.targets()]
+    assert sched["hooks"] == [t for t, _, _ in hooks.targets()]
+    assert main["contract_digest"] == sched["contract_digest"] == digest()
+
+
+def test_final_storages_are_registered(served: Served) -> None:
+    reg = read_status(served.runtime, "scheduler-tp0")["registered"]
+    assert list(reg) == ["target"]
+    # SGLang fuses q/k/v and gate/up and keeps one tied head: about the checkpoint's bytes.
+    weight_bytes = served.model.weight_bytes
+    assert weight_bytes <= reg["target"]["parameter_nbytes"] <= 1.02 * weight_bytes
+    checksums = served.checksum["ranks"][0]["checksums"]
+    assert reg["target"]["tensors"] >= len(checksums) > 0
+    assert reg["target"]["devices"] == ["cpu"]
+
+
+def test_async_decode_graph_and_shape_plan_on_cpu(served: Served) -> None:
+    # Served eagerly first; at the first idle boundary after a request the decode graph capture
+    # ran (on CPU without torch.compile SGLang captures none), then the plan was calibrated.
+    sched = read_status(served.runtime, "scheduler-tp0")
+    events = [e["event"] for e in sched["events"]]
+    assert events.index("decode_graph_deferred") < events.index("decode_graph_captured")
+    assert sched["async_decode_graph"]["capture_bs"] == []
+    assert sched["shape_plan"] == {"device": "cpu", "decode_backend": "disabled", "capture_bs": []}
+    assert (served.runtime / "shape-plan.json").exists()
+
+
+def test_native_release_and_hydration_are_bit_exact(served: Served) -> None:
+    root = release_exported(served)
+    write_plan(served.runtime, ResumePlan(provider="native", payload_dir=root))
+    served.client.resume()
+    detail = read_status(served.runtime, "scheduler-tp0")["resume"]
+    assert detail["provider"] == "native" and detail["storages_unchanged"] is True
+    assert detail["hydrated"]["target"]["verify_seconds"] > 0
+    assert_like_cold(served)
+
+
+def test_recovery_through_update_weights_from_disk(served: Served) -> None:
+    release_exported(served)
+    write_plan(served.runtime, ResumePlan(provider="recovery", checkpoint=str(served.model.path)))
+    served.client.resume()
+    detail = read_status(served.runtime, "scheduler-tp0")["resume"]
+    assert detail["loaded"] == {"target": str(served.model.path)}
+    assert detail["second_phase"] == ["kv_cache", "cuda_graph"]
+    assert_like_cold(served)
+
+
+def test_resume_without_plan_is_refused_closed_and_retryable(served: Served) -> None:
+    root = release_exported(served)
+    (served.runtime / "resume-plan.json").unlink()
+    with pytest.raises(EngineError, match="no resume plan"):
+        served.client.resume()
+    assert served.client.health() is False
+    write_plan(served.runtime, ResumePlan(provider="native", payload_dir=root))
+    served.client.resume()
+    assert_like_cold(served)
+
+
+def test_damaged_payload_is_refused_before_memory_changes(served: Served, tmp_path: Path) -> None:
+    root = Path(release_exported(served))
+    damaged = tmp_path / "damaged"
+    shutil.copytree(root, damaged)
+    pack = next((damaged / "tp0" / "target").glob("*.pack"))
+    data = bytearray(pack.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    pack.write_bytes(bytes(data))
+    write_plan(served.runtime, ResumePlan(provider="native", payload_dir=str(damaged)))
+    with pytest.raises(EngineError, match="refused"):
+        served.client.resume()
+    assert served.client.health() is False
+    assert read_status(served.runtime, "scheduler-tp0")["released_tags"] == [
+        "cuda_graph",
+        "kv_cache",
+        "weights",
+    ]
+    write_plan(served.runtime, ResumePlan(provider="native", payload_dir=str(root)))
+    served.client.resume()
+    assert_like_cold(served)
+
+
+def test_restore_mode_startup_hydrates_a_dummy_loaded_engine(
+    served: Served, tmp_path: Path
+) -> None:
+    """The n580 native path: a new engine allocates without the checkpoint (dummy load) and the
+    plugin hydrates it from the payload before it serves; its tokens equal the cold server's."""
+    from coldsnap.testing.sglang_cpu import start_server
+
+    root = release_exported(served)
+    served.client.close()
+    served.server.stop()
+    env = plugin_env(
+        tmp_path / "run",
+        COLDSNAP_MODE="restore",
+        COLDSNAP_SGLANG_STARTUP_PROVIDER="native",
+        COLDSNAP_ARTIFACT_DIR=root,
+    )
+    with (
+        start_server(
+            served.model.path,
+            log_path=tmp_path / "server.log",
+            env=env,
+            extra_args=("--load-format", "dummy"),
+        ) as server,
+        EngineClient(server.url) as client,
+    ):
+        sched = read_status(tmp_path / "run", "scheduler-tp0")
+        assert sched["startup_hydration"]["target"]["nbytes"] > 0
+        assert generate_all(client) == served.cold
+        client.accept(served.acceptance)
