@@ -25,10 +25,10 @@ from coldsnap.artifacts import (
     checkpoint_digests,
     collect_platform,
     converter,
-    file_sha256,
     record_digest,
 )
 from coldsnap.machine import StepContext
+from coldsnap.plugin import plugin_digest
 
 RECORD_NAME = "capture.json"
 _CARRIED = (
@@ -116,7 +116,7 @@ class StoreArtifacts:
         config = _config(Path(model.path))
         return capture_identity(
             engine=EngineBuild(engine, version, contract),
-            plugin_digest=_plugin_digest(),
+            plugin_digest=plugin_digest(),
             model=ModelBinding(
                 model.id,
                 model.revision,
@@ -164,7 +164,7 @@ class StoreArtifacts:
         engine, version, contract = self.engine.build()
         return Identity(
             engine=EngineBuild(engine, version, contract),
-            plugin_digest=_plugin_digest(),
+            plugin_digest=plugin_digest(),
             model=captured.model,
             topology=captured.topology,
             platform=collect_platform(),
@@ -211,14 +211,3 @@ def _digest_of(files: Any) -> str:
 
     text = "\n".join(f"{f.name} {f.sha256}" for f in files)
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
-
-
-def _plugin_digest() -> str:
-    """The digest of coldsnap's own plugin sources: a changed plugin needs a new capture."""
-    import hashlib
-
-    root = Path(__file__).resolve().parents[1] / "plugin"
-    digest = hashlib.sha256()
-    for path in sorted(root.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + bytes.fromhex(file_sha256(path)[7:]))
-    return "sha256:" + digest.hexdigest()

@@ -14,7 +14,9 @@ no rank is left waiting, and the HTTP-owning rank never answers before the group
 from __future__ import annotations
 
 import logging
+import os
 import re
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -258,6 +260,9 @@ class SchedulerHooks:
                 released_tags=sorted(mgr.offload_tags),
             )
             return _resume_output()
+        # Every restore of one n610 capsule starts from the same random state; reseed so that
+        # replicas do not share a sampling stream.
+        detail["reseeded"] = _reseed()
         _barrier(group)
         self.status.update(
             "resumed",
@@ -517,3 +522,18 @@ def decode_shape_plan(runner: Any) -> dict[str, Any]:
         "decode_backend": str(get_exec().graph.cuda_graph_config.decode.backend),
         "capture_bs": sorted(bs[0]),
     }
+
+
+def _reseed() -> bool:
+    """Fresh seeds for Python's, NumPy's and torch's generators (all devices)."""
+    import random
+
+    import torch
+
+    seed = int.from_bytes(os.urandom(8), "little")
+    random.seed(seed)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(seed % 2**32)
+    torch.manual_seed(seed % 2**63)
+    return True
