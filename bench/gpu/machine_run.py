@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ sys.path.insert(0, str(HERE))
 
 from coldsnap import CaptureRequest, Machine, ModelRef, RestoreRequest  # noqa: E402
 from coldsnap.assembly import HttpEngine, NativeProvider, StoreArtifacts  # noqa: E402
-from coldsnap.assembly._launchers import _Launcher, coldsnap_env  # noqa: E402
+from coldsnap.assembly._launchers import RUNTIME_ROOT, coldsnap_env, free_port  # noqa: E402
 from coldsnap.backends import Criu  # noqa: E402
 from coldsnap.drivers import LaunchCommand  # noqa: E402
 from coldsnap.drivers.n610 import N610Driver, default_cuda  # noqa: E402
@@ -30,12 +31,14 @@ from coldsnap.engines import EnginePolicy  # noqa: E402
 POLICY = EnginePolicy(name="workload")
 
 
-class WorkloadLauncher(_Launcher):
+class WorkloadLauncher:
     def __init__(self, preset: str, device: str, base_env: dict[str, str]) -> None:
         self.preset, self.device, self.base_env = preset, device, base_env
 
     def command(self, request: Any, workdir: Path, *, provider: str) -> LaunchCommand:
-        runtime_dir, port = self._where(request)
+        runtime_dir = RUNTIME_ROOT / uuid.uuid4().hex
+        runtime_dir.mkdir(parents=True, mode=0o700)
+        port = free_port()
         argv = [
             sys.executable,
             str(HERE / "workload.py"),

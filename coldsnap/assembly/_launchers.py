@@ -44,70 +44,43 @@ def coldsnap_env(
 
 
 class _Launcher:
-    """Shared by the launchers: a fresh runtime dir and port per engine, or the request's port."""
+    """`python -m MODULE --model-path ... --port ...` with a fresh runtime dir and port per engine
+    (or the request's port); a native restore starts without loading (`--load-format dummy`)
+    and hydrates from the capsule's payload laid out under the workdir."""
 
-    def _where(self, request: Any) -> tuple[Path, int]:
+    module = ""
+    base_args: tuple[str, ...] = ()
+    base_env: dict[str, str] = {}  # replaced per instance, never mutated
+
+    def command(self, request: Any, workdir: Path, *, provider: str) -> LaunchCommand:
         runtime_dir = RUNTIME_ROOT / uuid.uuid4().hex
         runtime_dir.mkdir(parents=True, mode=0o700)
         port = getattr(request, "port", None) or free_port()
-        return runtime_dir, port
+        restoring = request.operation == "restore"
+        argv = [sys.executable, "-m", self.module, "--model-path", request.model.path,
+                "--host", "127.0.0.1", "--port", str(port), *self.base_args,
+                *request.engine_args]  # fmt: skip
+        if restoring and provider == "native":
+            argv += ["--load-format", "dummy"]
+        payload = workdir / "payload" if restoring else None
+        env = {**self.base_env, **coldsnap_env(request, provider, runtime_dir, payload)}
+        return LaunchCommand(argv=argv, env=env, url=f"http://127.0.0.1:{port}")
 
 
 class ToyLauncher(_Launcher):
     """`coldsnap.testing.toy_engine`: a real HTTP engine process that starts in about a second."""
 
-    def command(self, request: Any, workdir: Path, *, provider: str) -> LaunchCommand:
-        runtime_dir, port = self._where(request)
-        payload = workdir / "payload" if request.operation == "restore" else None
-        argv = [
-            sys.executable,
-            "-m",
-            "coldsnap.testing.toy_engine",
-            "--model-path",
-            request.model.path,
-            "--port",
-            str(port),
-        ]
-        if request.operation == "restore" and provider == "native":
-            argv += ["--load-format", "dummy"]
-        return LaunchCommand(
-            argv=argv,
-            env=coldsnap_env(request, provider, runtime_dir, payload),
-            url=f"http://127.0.0.1:{port}",
-        )
+    module = "coldsnap.testing.toy_engine"
 
 
 class SGLangLauncher(_Launcher):
     """`python -m sglang.launch_server` with the plugin enabled; `base_env` carries host specifics
     (on CPU hosts, what coldsnap.testing.sglang_cpu provides)."""
 
+    module = "sglang.launch_server"
+
     def __init__(
         self, base_args: tuple[str, ...] = (), base_env: dict[str, str] | None = None
     ) -> None:
         self.base_args = base_args
-        self.base_env = dict(base_env or {})
-
-    def command(self, request: Any, workdir: Path, *, provider: str) -> LaunchCommand:
-        runtime_dir, port = self._where(request)
-        payload = workdir / "payload" if request.operation == "restore" else None
-        argv = [
-            sys.executable,
-            "-m",
-            "sglang.launch_server",
-            "--model-path",
-            request.model.path,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            *self.base_args,
-            *request.engine_args,
-        ]
-        if request.operation == "restore" and provider == "native":
-            argv += ["--load-format", "dummy"]
-        env = {
-            **self.base_env,
-            "SGLANG_PLUGINS": "coldsnap",
-            **coldsnap_env(request, provider, runtime_dir, payload),
-        }
-        return LaunchCommand(argv=argv, env=env, url=f"http://127.0.0.1:{port}")
+        self.base_env = {**(base_env or {}), "SGLANG_PLUGINS": "coldsnap"}

@@ -8,9 +8,11 @@ import os
 import shutil
 import signal
 from pathlib import Path
+from typing import Any
 
-from coldsnap.backends import Launched, become_subreaper, launch, reap_children, stop_tree
+from coldsnap.backends import Criu, Launched, become_subreaper, launch, reap_children, stop_tree
 from coldsnap.backends.procs import pid_exists, tree_pids
+from coldsnap.machine import StepContext
 
 from ._launcher import LaunchCommand
 
@@ -78,3 +80,13 @@ def discard_images(images: Path) -> None:
     if log.exists():
         os.replace(log, images.with_name(images.name + ".dump.log"))
     shutil.rmtree(images, ignore_errors=True)
+
+
+def dump_live(criu: Criu, pid: int, images: Path, ctx: StepContext) -> dict[str, Any]:
+    """Dumps a tree and leaves it running, so the steps before the seal can still be undone."""
+    manifest = criu.dump(pid, images, leave_running=True, timeout=ctx.remaining())
+    return {
+        "image_dir": str(images),
+        "image_bytes": manifest.image_bytes,
+        "dump_seconds": manifest.seconds,
+    }

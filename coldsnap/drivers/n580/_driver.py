@@ -15,7 +15,7 @@ from coldsnap.backends import Criu, refuse_gpu_mappings
 from coldsnap.machine import Skipped, StepContext
 
 from .._launcher import LaunchCommand, Launcher
-from .._processes import Processes, discard_images
+from .._processes import Processes, discard_images, dump_live
 from ._template import RELEASE, STATUS
 
 IMAGE_DIR = "template-image"
@@ -92,15 +92,7 @@ class N580Driver:
         refuse_gpu_mappings(ctx.facts["template_pid"])
 
     def dump_template(self, ctx: StepContext) -> dict[str, Any]:
-        images = ctx.workdir / IMAGE_DIR
-        manifest = self.criu.dump(
-            ctx.facts["template_pid"], images, leave_running=True, timeout=ctx.remaining()
-        )
-        return {
-            "image_dir": str(images),
-            "image_bytes": manifest.image_bytes,
-            "dump_seconds": manifest.seconds,
-        }
+        return dump_live(self.criu, ctx.facts["template_pid"], ctx.workdir / IMAGE_DIR, ctx)
 
     def discard_template(self, ctx: StepContext) -> None:
         discard_images(ctx.workdir / IMAGE_DIR)

@@ -16,7 +16,7 @@ from coldsnap.backends.procs import tree_pids
 from coldsnap.machine import Skipped, StepContext
 
 from .._launcher import Launcher
-from .._processes import Processes, discard_images
+from .._processes import Processes, discard_images, dump_live
 
 IMAGE_DIR = "image"
 
@@ -146,15 +146,7 @@ class N610Driver:
     # -- process images -----------------------------------------------------------------------
 
     def dump(self, ctx: StepContext) -> dict[str, Any]:
-        images = ctx.workdir / IMAGE_DIR
-        manifest = self.criu.dump(
-            ctx.facts["engine_pid"], images, leave_running=True, timeout=ctx.remaining()
-        )
-        return {
-            "image_dir": str(images),
-            "image_bytes": manifest.image_bytes,
-            "dump_seconds": manifest.seconds,
-        }
+        return dump_live(self.criu, ctx.facts["engine_pid"], ctx.workdir / IMAGE_DIR, ctx)
 
     def discard_dump(self, ctx: StepContext) -> None:
         discard_images(ctx.workdir / IMAGE_DIR)
