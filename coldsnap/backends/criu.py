@@ -136,7 +136,10 @@ class Criu:
                 first_error=first_error(text) or (text.splitlines() or ["?"])[-1],
                 returncode=out.returncode,
             )
-        return text.splitlines()[-1] if text else ""
+        # The verdict is stdout's last line; warnings on stderr (CRIU prints some, such as
+        # "Can't check shutdown state of inet socket", while still passing) come after it.
+        verdict = out.stdout.strip().splitlines()
+        return verdict[-1] if verdict else (text.splitlines() or [""])[-1]
 
     def require_version(self) -> CriuVersion:
         version = self.version()
