@@ -29,6 +29,8 @@ FORKSERVER_PRELOAD = {
         "torch",
         "sglang.srt.managers.scheduler",
         "sglang.srt.managers.detokenizer_manager",
+        # Imports every model module (about a second): do it once, in the template.
+        "sglang.srt.models.registry",
     ),
 }
 

@@ -139,7 +139,7 @@ def _handler(engine: ToyEngine) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
         def do_GET(self) -> None:
-            if self.path == "/health":
+            if self.path in ("/health", "/ready"):
                 healthy = "weights" not in engine.released
                 self._reply(200 if healthy else 503, {"healthy": healthy})
             else:
