@@ -14,7 +14,10 @@ def sglang_host_settings() -> tuple[tuple[str, ...], dict[str, str]]:
 
     if torch.cuda.is_available():
         return (), {}
-    from coldsnap.testing.sglang_cpu import CPU_ARGS, cpu_env
+    from coldsnap.testing.sglang_cpu import CPU_ARGS, activate, cpu_env
+
+    # This process imports SGLang too: the artifact identity hashes its contract sources.
+    activate()
 
     args = (*CPU_ARGS, "--max-total-tokens", "2048", "--mem-fraction-static", "0.05")
     env = cpu_env({})
