@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import inspect
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -115,14 +116,17 @@ class HttpEngine:
     def resume_weights(self, ctx: StepContext) -> dict[str, Any]:
         """Writes the resume plan, then resumes the weights; the plugin hydrates (native) or
         reloads the pinned checkpoint (recovery) before the call returns."""
+        # A fresh seed per restore, the same for every rank of this one.
+        seed = int.from_bytes(os.urandom(8), "little") >> 1
         if ctx.request.provider == "native":
             plan = ResumePlan(
                 provider="native",
                 payload_dir=ctx.facts["payload_dir"],
                 preverified=bool(ctx.facts.get("payload_verified")),
+                seed=seed,
             )
         else:
-            plan = ResumePlan(provider="recovery", checkpoint=ctx.request.model.path)
+            plan = ResumePlan(provider="recovery", checkpoint=ctx.request.model.path, seed=seed)
         _plan(ctx, plan)
         with self.client(ctx) as client:
             client.resume([WEIGHTS])

@@ -94,6 +94,8 @@ class ResumePlan:
     draft_checkpoint: str | None = None
     load_format: str | None = None
     preverified: bool = False
+    # One seed for every rank: TP ranks stay in step only while they sample alike.
+    seed: int | None = None
     format: int = PLAN_FORMAT
     kind: str = PLAN_KIND
 

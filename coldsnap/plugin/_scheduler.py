@@ -262,7 +262,7 @@ class SchedulerHooks:
             return _resume_output()
         # Every restore of one n610 capsule starts from the same random state; reseed so that
         # replicas do not share a sampling stream.
-        detail["reseeded"] = _reseed()
+        detail["reseeded"] = _reseed(plan.seed)
         _barrier(group)
         self.status.update(
             "resumed",
@@ -524,13 +524,15 @@ def decode_shape_plan(runner: Any) -> dict[str, Any]:
     }
 
 
-def _reseed() -> bool:
-    """Fresh seeds for Python's, NumPy's and torch's generators (all devices)."""
+def _reseed(seed: int | None) -> bool:
+    """Fresh seeds for Python's, NumPy's and torch's generators (all devices): the plan's, the
+    same on every rank, or this rank's own when the plan has none."""
     import random
 
     import torch
 
-    seed = int.from_bytes(os.urandom(8), "little")
+    if seed is None:
+        seed = int.from_bytes(os.urandom(8), "little")
     random.seed(seed)
     numpy = sys.modules.get("numpy")
     if numpy is not None:

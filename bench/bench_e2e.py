@@ -1,0 +1,220 @@
+"""Issue 6's benchmark: a real SGLang server restored from a capsule against a cold start, same
+model, same run, side by side. Prints the ratio of medians and the absolute seconds.
+
+    .venv/bin/python bench/bench_e2e.py [--runs 5] [--size tiny] [--provider native]
+                                        [--no-drop-caches] [--json OUT]
+
+- cold: a plain `python -m sglang.launch_server` (coldsnap's plugin not loaded), from launch
+  to its first greedy answer (/generate polled directly: SGLang's /health sleeps a second).
+- P1: an n610 restore (Machine.restore: admit, stage, CRIU restore, hydrate, health, acceptance)
+  to the first answer that equals the cold one token for token.
+- P2: the same for n580 (template restore + release + engine construction).
+Each round runs one of each, interleaved, so the machine's noise hits all three alike; a round
+is repeated with a warm page cache and after `sync; echo 3 > /proc/sys/vm/drop_caches` before
+each timed run. Captures, stops and the first (warm-up) round are not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from coldsnap.cli._demo import (
+    DemoError,
+    capture,
+    cold_start,
+    ready_host,
+    restore_to_first_answer,
+)
+from coldsnap.machine import CaptureRequest, ModelRef, RestoreRequest
+
+DRIVERS = ("n610", "n580")
+
+
+def drop_caches() -> str | None:
+    """Drops the page cache (root only); returns why it could not, or None."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError as exc:
+        return f"cannot drop caches: {exc}"
+    return None
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5, help="timed rounds per cache condition")
+    parser.add_argument("--size", default="tiny", choices=("tiny", "small"))
+    parser.add_argument("--provider", default="native", choices=("native", "recovery"))
+    parser.add_argument("--no-drop-caches", action="store_true")
+    parser.add_argument("--json", type=Path, help="write every measurement here")
+    args = parser.parse_args()
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+
+    problem = ready_host()
+    if problem:
+        print(f"bench_e2e: {problem}", file=sys.stderr)
+        return 2
+    from coldsnap.testing.models import build_model
+
+    root = Path(tempfile.mkdtemp(prefix="bench-e2e-", dir="/var/tmp"))
+    print(f"bench_e2e: work dir {root}; load average at start {load()}; {os.cpu_count()} cpus")
+    print(f"code: {_revision()}")
+    results: dict[str, Any] = {"load_start": os.getloadavg(), "runs": args.runs, "rows": []}
+    try:
+        info = build_model(root / "model", arch="llama", size=args.size, seed=0)
+        model = ModelRef(id=f"bench-{args.size}-llama", revision="seed0", path=str(info.path))
+        print(f"model: llama {args.size}, {info.weight_bytes / 1e6:.1f} MB of bf16 weights")
+        reference = cold_start(info.path, root / "logs" / "cold-ref.log")
+        print(f"reference cold start (untimed warm-up): {reference.seconds:.2f} s")
+        for driver in DRIVERS:
+            request = CaptureRequest(
+                driver=driver,
+                provider=args.provider,
+                model=model,
+                engine="sglang",
+                name=driver,
+                workdir=str(root / f"capture-{driver}"),
+                store=str(root / "store"),
+            )
+            started = time.perf_counter()
+            receipt = capture(request)
+            facts = receipt.facts
+            print(
+                f"captured {driver}/{args.provider} in {time.perf_counter() - started:.1f} s: "
+                f"image {facts.get('image_bytes', 0) / 1e6:.1f} MB, capsule "
+                f"{facts.get('capsule_bytes', 0) / 1e6:.1f} MB"
+            )
+            results[f"capture_{driver}"] = {
+                "seconds": receipt.seconds,
+                "image_bytes": facts.get("image_bytes"),
+                "capsule_bytes": facts.get("capsule_bytes"),
+            }
+            _restore(root, model, driver, args.provider, "warmup", reference.tokens)
+
+        conditions = [("warm", False)]
+        if not args.no_drop_caches:
+            why = drop_caches()
+            if why:
+                print(f"dropped caches: skipped ({why})")
+            else:
+                conditions.append(("dropped", True))
+        for condition, drop in conditions:
+            for run in range(args.runs):
+                row: dict[str, Any] = {"condition": condition, "run": run, "load": load()}
+                if drop:
+                    drop_caches()
+                row["cold"] = cold_start(info.path, root / "logs" / f"cold-{condition}-{run}.log")
+                if row["cold"].tokens != reference.tokens:
+                    raise DemoError(f"cold starts disagree: {row['cold'].tokens}")
+                for driver in DRIVERS:
+                    if drop:
+                        drop_caches()
+                    row[driver] = _restore(
+                        root, model, driver, args.provider, f"{condition}-{run}", reference.tokens
+                    )
+                results["rows"].append(row)
+                print(
+                    f"  {condition:7} run {run}: cold {row['cold'].seconds:6.2f} s  "
+                    + "  ".join(f"{d} {row[d]['seconds']:5.2f} s" for d in DRIVERS)
+                    + f"  (load {row['load']})"
+                )
+        _report(results, conditions)
+        results["load_end"] = os.getloadavg()
+        print(f"load average at end {load()}")
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1, default=_plain))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+def _restore(
+    root: Path, model: ModelRef, driver: str, provider: str, tag: str, expected: tuple[int, ...]
+) -> dict[str, Any]:
+    request = RestoreRequest(
+        driver=driver,
+        provider=provider,
+        model=model,
+        engine="sglang",
+        artifact=driver,
+        workdir=str(root / f"restore-{driver}-{tag}"),
+        store=str(root / "store"),
+    )
+    answer, receipt, machine = restore_to_first_answer(request, expected)
+    machine.stop(receipt)
+    shutil.rmtree(request.workdir, ignore_errors=True)
+    return {"seconds": answer.seconds, "steps": receipt.timings()}
+
+
+def _report(results: dict[str, Any], conditions: list[tuple[str, bool]]) -> None:
+    print()
+    print(f"{'':24}{'cold (s)':>10}{'restore (s)':>13}{'ratio':>8}   restore min-max (s)")
+    for condition, _ in conditions:
+        rows = [r for r in results["rows"] if r["condition"] == condition]
+        cold = statistics.median(r["cold"].seconds for r in rows)
+        for label, driver in (("P1 n610", "n610"), ("P2 n580", "n580")):
+            times = [r[driver]["seconds"] for r in rows]
+            median = statistics.median(times)
+            results[f"{label[:2]}_{condition}"] = {
+                "cold_median": cold,
+                "restore_median": median,
+                "ratio": cold / median,
+            }
+            print(
+                f"{label} {condition + ' cache':16}{cold:10.2f}{median:13.2f}"
+                f"{cold / median:7.1f}x   {min(times):.2f}-{max(times):.2f}"
+            )
+    print()
+    print("restore steps, median seconds (steps over 10 ms):")
+    for condition, _ in conditions:
+        for driver in DRIVERS:
+            steps: dict[str, list[float]] = {}
+            for row in results["rows"]:
+                if row["condition"] == condition:
+                    for name, seconds in row[driver]["steps"].items():
+                        steps.setdefault(name, []).append(seconds)
+            medians = {n: statistics.median(v) for n, v in steps.items()}
+            print(
+                f"  {driver} {condition:7}: "
+                + ", ".join(f"{n} {m:.2f}" for n, m in medians.items() if m > 0.01)
+            )
+
+
+def _revision() -> str:
+    """The commit measured (and whether the tree had local changes): the code moves fast."""
+    try:
+        return subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "seconds") and hasattr(value, "tokens"):
+        return {"seconds": value.seconds, "tokens": list(value.tokens)}
+    return str(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

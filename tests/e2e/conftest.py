@@ -1,0 +1,155 @@
+"""Shared by the end-to-end tests: skips where CRIU or SGLang is missing, request builders,
+answers to a fixed prompt set, and a scan for processes an operation left behind."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from coldsnap.engines import EngineClient
+from coldsnap.machine import CaptureRequest, ModelRef, Receipt, RestoreRequest
+
+# Greedy answers to these must be equal, token for token, on a cold server and every restore.
+PROMPTS = (
+    "The quick brown fox jumps over the lazy dog",
+    "hello world one two three",
+    "snapshots restore weights in memory",
+    "a",
+)
+MAX_NEW_TOKENS = 12
+SAMPLED_PROMPT = "seven wizards quietly"
+
+
+def _pristine_env() -> dict[str, str]:
+    """This session's environment without what `sglang_cpu.activate()` adds to it, for
+    commands that must run as from a fresh shell."""
+    from coldsnap.testing.sglang_cpu import PYTHONPATH_DIR
+
+    env = dict(os.environ)
+    env.pop("SGLANG_USE_CPU_ENGINE", None)
+    parts = [p for p in env.pop("PYTHONPATH", "").split(os.pathsep) if p]
+    parts = [p for p in parts if p != str(PYTHONPATH_DIR)]
+    if parts:
+        env["PYTHONPATH"] = os.pathsep.join(parts)
+    return env
+
+
+PRISTINE_ENV = _pristine_env()
+
+
+def _why_not() -> str | None:
+    """Why the end-to-end tests cannot run here, or None."""
+    if importlib.util.find_spec("sglang") is None:
+        return "SGLang is not installed (scripts/setup.sh sglang)"
+    if os.geteuid() != 0:
+        return "CRIU needs root"
+    from coldsnap.backends import Criu
+
+    problem = Criu().problem()
+    return f"no usable CRIU >= 4.2: {problem}" if problem else None
+
+
+@pytest.fixture(scope="session")
+def e2e_ready() -> None:
+    """Skips without CRIU or SGLang; readies this process for SGLang on a CPU host (the
+    orchestrator imports SGLang to compute the engine's contract digest)."""
+    reason = _why_not()
+    if reason:
+        pytest.skip(reason)
+    import torch
+
+    if torch.version.cuda is None:
+        from coldsnap.testing.sglang_cpu import activate
+
+        activate()
+
+
+def model_ref(path: Path, model_id: str = "tiny-llama") -> ModelRef:
+    return ModelRef(id=model_id, revision="r1", path=str(path))
+
+
+def capture_request(
+    base: Path, model: ModelRef, driver: str, provider: str, name: str, **kw: object
+) -> CaptureRequest:
+    return CaptureRequest(
+        driver=driver,
+        provider=provider,
+        model=model,
+        engine="sglang",
+        workdir=str(base / f"cap-{name}"),
+        store=str(base / "store"),
+        name=name,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def restore_request(
+    base: Path, model: ModelRef, driver: str, provider: str, name: str, workdir: str
+) -> RestoreRequest:
+    return RestoreRequest(
+        driver=driver,
+        provider=provider,
+        model=model,
+        engine="sglang",
+        artifact=name,
+        workdir=str(base / workdir),
+        store=str(base / "store"),
+    )
+
+
+def answers(url: str) -> list[tuple[int, ...]]:
+    with EngineClient(url) as client:
+        return [client.generate(p, max_new_tokens=MAX_NEW_TOKENS).token_ids for p in PROMPTS]
+
+
+def sampled(url: str) -> tuple[int, ...]:
+    """One request sampled at temperature 1 with no seed: it draws from the engine's RNG."""
+    with EngineClient(url) as client:
+        return client.generate(
+            SAMPLED_PROMPT, max_new_tokens=24, greedy=False, sampling={"temperature": 1.0}
+        ).token_ids
+
+
+def why(receipt: Receipt) -> str:
+    """A failed receipt's error with the tail of the engine's log."""
+    text = f"{receipt.outcome}: {receipt.error}"
+    log = receipt.facts.get("engine_log") or str(Path(receipt.workdir) / "engine.log")
+    with contextlib.suppress(OSError):
+        text += "\n--- engine log tail ---\n" + Path(log).read_text(errors="replace")[-3000:]
+    return text
+
+
+def watch(receipt: Receipt) -> tuple[set[str], set[int]]:
+    """What identifies an operation's processes: its engines' runtime dirs (in their
+    environment, which CRIU restores as it was) and its root pids."""
+    facts = receipt.facts
+    dirs = {facts["runtime_dir"]} if facts.get("runtime_dir") else set()
+    capsule = facts.get("capsule") or {}
+    if capsule.get("runtime_dir"):
+        dirs.add(capsule["runtime_dir"])
+    pids = {facts[k] for k in ("engine_pid", "template_pid") if facts.get(k)}
+    return dirs, pids
+
+
+def leftovers(runtime_dirs: Iterable[str], pids: Iterable[int]) -> list[str]:
+    """Live (not zombie) processes that belong to the given engines."""
+    dirs, roots = set(runtime_dirs), set(pids)
+    found = []
+    for proc in psutil.process_iter(["pid", "name", "status"]):
+        if proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        mine = proc.info["pid"] in roots
+        if not mine and dirs:
+            try:
+                mine = proc.environ().get("COLDSNAP_RUNTIME_DIR") in dirs
+            except (psutil.Error, OSError):
+                continue
+        if mine:
+            found.append(f"{proc.info['pid']} {proc.info['name']}")
+    return found

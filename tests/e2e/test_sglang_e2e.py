@@ -1,0 +1,167 @@
+"""A real SGLang server on CPU, captured and restored with both drivers and both providers.
+
+One module, one server at a time, each stopped before the next starts:
+- a plain cold server (no plugin) answers a fixed prompt set greedily: the reference;
+- for n610 and n580 x native and recovery: capture, then restore the one capsule twice (the
+  second after the first is stopped); every restore answers like the cold server, token for
+  token, and leaves no process behind;
+- two restores of one capsule must not share a sampling stream (the product reseeds);
+- the n610 capsule of the small model (~254 MB of bf16 weights) leaves the weights out: its
+  image is smaller than a dump of the same tree with its weights resident.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from coldsnap import Machine
+from coldsnap.cli._components import real_components
+
+from .conftest import (
+    answers,
+    capture_request,
+    leftovers,
+    model_ref,
+    restore_request,
+    sampled,
+    watch,
+    why,
+)
+
+pytestmark = [pytest.mark.criu, pytest.mark.sglang, pytest.mark.slow]
+VARIANTS = [(d, p) for d in ("n610", "n580") for p in ("native", "recovery")]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = tmp_path_factory.mktemp("e2e")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)  # capsules are GBs: do not leave them to pytest
+
+
+@pytest.fixture(scope="module")
+def tiny(e2e_ready: None, root: Path) -> Path:
+    from coldsnap.testing.models import build_model
+
+    return build_model(root / "tiny-llama", arch="llama", size="tiny", seed=0).path
+
+
+@pytest.fixture(scope="module")
+def cold(tiny: Path, root: Path) -> list[tuple[int, ...]]:
+    """A plain SGLang (no plugin loaded: SGLANG_PLUGINS names none) started from nothing."""
+    from coldsnap.cli._demo import start_plain_server, wait_first_answer
+
+    server = start_plain_server(tiny, root / "cold.log")
+    try:
+        wait_first_answer(server)
+        return answers(server.url)
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def replicas() -> dict[str, list[tuple[int, ...]]]:
+    """Per variant, what each restore of its capsule sampled (filled by the restore test)."""
+    return {}
+
+
+@pytest.mark.parametrize(("driver", "provider"), VARIANTS)
+def test_one_capsule_restores_twice_and_answers_like_a_cold_start(
+    root: Path,
+    tiny: Path,
+    cold: list[tuple[int, ...]],
+    replicas: dict[str, list[tuple[int, ...]]],
+    driver: str,
+    provider: str,
+) -> None:
+    name = f"{driver}-{provider}"
+    base = root / name
+    base.mkdir()
+    model = model_ref(tiny)
+    try:
+        request = capture_request(base, model, driver, provider, name)
+        receipt = Machine(**real_components(request)).capture(request)
+        assert receipt.ok, why(receipt)
+        dirs, pids = watch(receipt)
+        assert not leftovers(dirs, pids), "the capture's source was not retired"
+        for attempt in range(2):
+            restore = restore_request(base, model, driver, provider, name, f"res-{attempt}")
+            machine = Machine(**real_components(restore))
+            restored = machine.restore(restore)
+            assert restored.ok, why(restored)
+            more_dirs, more_pids = watch(restored)
+            dirs, pids = dirs | more_dirs, pids | more_pids
+            try:
+                assert answers(restored.facts["engine_url"]) == cold
+                assert restored.facts["acceptance_tokens"] == receipt.facts["acceptance_tokens"]
+                replicas.setdefault(name, []).append(sampled(restored.facts["engine_url"]))
+            finally:
+                machine.stop(restored)
+            assert not leftovers(dirs, pids), f"restore {attempt} left processes running"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize(("driver", "provider"), VARIANTS)
+def test_replicas_of_one_capsule_do_not_share_a_sampling_stream(
+    e2e_ready: None, replicas: dict[str, list[tuple[int, ...]]], driver: str, provider: str
+) -> None:
+    """Every restore of an image starts from the same RNG state (sglang-criu-facts.md); unless
+    the product reseeds, two replicas sample the same tokens for the same unseeded request."""
+    drawn = replicas.get(f"{driver}-{provider}", [])
+    if len(drawn) < 2:
+        pytest.skip("the two restores of this variant did not run")
+    first, second = drawn
+    assert first != second, (
+        f"{driver}/{provider}: both restores sampled {list(first)} at temperature 1: "
+        "the restored replicas share one random stream (not reseeded after restore)"
+    )
+
+
+def test_the_n610_capsule_of_the_small_model_leaves_the_weights_out(
+    e2e_ready: None, root: Path
+) -> None:
+    """The capsule's image against a dump of the same tree with weights and KV cache back."""
+    from coldsnap.backends import Criu
+    from coldsnap.engines import EngineClient
+    from coldsnap.plugin import ResumePlan, write_plan
+    from coldsnap.testing.models import build_model
+
+    info = build_model(root / "small-llama", arch="llama", size="small", seed=0)
+    base = root / "small"
+    base.mkdir()
+    request = capture_request(
+        base, model_ref(info.path, "small-llama"), "n610", "recovery", "small", keep_source=True
+    )
+    comps = real_components(request)
+    receipt = Machine(**comps).capture(request)
+    assert receipt.ok, why(receipt)
+    pid = receipt.facts["engine_pid"]
+    dirs, pids = watch(receipt)
+    try:
+        # The kept source has released its weights and KV cache: resume both (the weights
+        # from the checkpoint) to get the tree as it was before the release steps.
+        write_plan(
+            Path(receipt.facts["runtime_dir"]),
+            ResumePlan(provider="recovery", checkpoint=str(info.path)),
+        )
+        with EngineClient(receipt.facts["engine_url"]) as client:
+            client.resume(["weights", "kv_cache"])
+            assert client.acceptance_tokens() == tuple(receipt.facts["acceptance_tokens"])
+        baseline = Criu().dump(pid, base / "baseline-image", leave_running=False)
+    finally:
+        comps["driver"].processes.stop(pid)
+    assert not leftovers(dirs, pids)
+    capsule_image = receipt.facts["image_bytes"]
+    saved = baseline.image_bytes - capsule_image
+    print(
+        f"\nsmall model: weights {info.weight_bytes / 1e6:.1f} MB, capsule image "
+        f"{capsule_image / 1e6:.1f} MB, whole-tree image {baseline.image_bytes / 1e6:.1f} MB, "
+        f"left out {saved / 1e6:.1f} MB ({saved / info.weight_bytes:.0%} of the weights)"
+    )
+    shutil.rmtree(base, ignore_errors=True)
+    assert saved >= 0.9 * info.weight_bytes, (baseline.image_bytes, capsule_image, info)
