@@ -7,14 +7,14 @@ writes (temporary file, fsync, rename) so a reader never sees half a record.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
 import cattrs
 from attrs import frozen
+
+from coldsnap._atomic import write_json_atomic
 
 DUMP_MANIFEST = "coldsnap-dump.json"
 RESTORE_RECORD = "coldsnap-restore.json"
@@ -73,23 +73,8 @@ class RestoredTree:
     kind: str = "coldsnap.criu-restore"
 
 
-def write_json_atomic(path: Path, data: Any) -> Path:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def write_record(path: Path, record: Any) -> Path:
-    return write_json_atomic(path, converter.unstructure(record))
+    return write_json_atomic(path, converter.unstructure(record), indent=2)
 
 
 def read_record(path: Path, cls: type[T]) -> T:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
 from attrs import field, frozen
+
+from coldsnap._atomic import write_json_atomic
 
 Outcome = Literal["done", "rolled_back", "failed"]
 RECEIPT_NAME = "receipt.json"
@@ -65,18 +64,3 @@ class StepEvent:
     phase: str
     seconds: float = 0.0
     detail: str = ""
-
-
-def write_json_atomic(path: Path, data: Any) -> Path:
-    """tmp + fsync + rename, so a reader sees the old file or the new one, never a part."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import attrs
 import cattrs
+
+from coldsnap._atomic import write_json_atomic
 
 STATUS_FORMAT = 1
 STATUS_KIND = "coldsnap.sglang.process-status"
@@ -33,20 +34,6 @@ _converter = cattrs.Converter(forbid_extra_keys=True)
 
 class PlanError(ValueError):
     """The resume plan is missing or malformed; the message names the field."""
-
-
-def write_json_atomic(path: Path, record: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f, indent=1, sort_keys=True, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def status_path(runtime_dir: Path, process: str) -> Path:

@@ -433,7 +433,7 @@ class SchedulerHooks:
                     raise ShapeCalibrationError(
                         f"shape plan {key}: captured {captured.get(key)!r}, now {record[key]!r}"
                     )
-        from ._records import write_json_atomic
+        from coldsnap._atomic import write_json_atomic
 
         write_json_atomic(self._runtime_dir() / SHAPE_PLAN_FILE, record)
         self.status.update("shape_calibrated", shape_plan=plan)
