@@ -70,7 +70,7 @@ def main() -> int:
     if problem:
         print(f"bench_e2e: {problem}", file=sys.stderr)
         return 2
-    from coldsnap.testing.models import build_model
+    from coldsnap.tiny_models import build_model
 
     root = Path(tempfile.mkdtemp(prefix="bench-e2e-", dir="/var/tmp"))
     print(f"bench_e2e: work dir {root}; load average at start {load()}; {os.cpu_count()} cpus")

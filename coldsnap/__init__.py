@@ -14,35 +14,45 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 __all__ = [
-    "Cancelled", "CaptureRequest", "ColdsnapError", "ComponentError", "IllegalTransition",
-    "JournalError", "Machine", "ModelRef", "Receipt", "RequestError", "RestoreRequest",
-    "Skipped", "SpecError", "StepContext", "StepEvent", "StepTimeout", "__version__",
+    "REGISTRY", "Cancelled", "CaptureRequest", "ColdsnapError", "ComponentError", "Components",
+    "Fact", "Guard", "IllegalTransition", "JournalError", "Machine", "ModelRef", "Receipt",
+    "Registry", "RegistryError", "RequestError", "RestoreRequest", "Skipped", "Spec",
+    "SpecError", "Step", "StepContext", "StepEvent", "StepTimeout", "__version__", "fact",
     "parse_request",
 ]  # fmt: skip
 
 if TYPE_CHECKING:
     from coldsnap.machine import (
+        REGISTRY,
         Cancelled,
         CaptureRequest,
         ColdsnapError,
         ComponentError,
+        Components,
+        Fact,
+        Guard,
         IllegalTransition,
         JournalError,
         Machine,
         ModelRef,
         Receipt,
+        Registry,
+        RegistryError,
         RequestError,
         RestoreRequest,
         Skipped,
+        Spec,
         SpecError,
+        Step,
         StepContext,
         StepEvent,
         StepTimeout,
+        fact,
         parse_request,
     )
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
+    if name in __all__ and name != "__version__":
         return getattr(importlib.import_module("coldsnap.machine"), name)
     raise AttributeError(f"module 'coldsnap' has no attribute {name!r}")

@@ -8,6 +8,7 @@ steps, the native provider, the content-addressed store), on the H200 or, with -
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -21,12 +22,18 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from coldsnap import CaptureRequest, Machine, ModelRef, RestoreRequest  # noqa: E402
-from coldsnap.assembly import HttpEngine, NativeProvider, StoreArtifacts  # noqa: E402
-from coldsnap.assembly._launchers import RUNTIME_ROOT, coldsnap_env, free_port  # noqa: E402
 from coldsnap.backends import Criu  # noqa: E402
-from coldsnap.drivers import LaunchCommand  # noqa: E402
+from coldsnap.capsules import StoreArtifacts  # noqa: E402
 from coldsnap.drivers.n610 import N610Driver, default_cuda  # noqa: E402
 from coldsnap.engines import EnginePolicy  # noqa: E402
+from coldsnap.engines.sglang import (  # noqa: E402
+    RUNTIME_ROOT,
+    SGLangEngine,
+    coldsnap_env,
+    free_port,
+)
+from coldsnap.machine import REGISTRY, LaunchCommand  # noqa: E402
+from coldsnap.providers._steps import NativeProvider  # noqa: E402
 
 POLICY = EnginePolicy(name="workload")
 
@@ -73,7 +80,16 @@ def main() -> None:
     if not args.dry and cuda is None:
         raise SystemExit("no CUDA checkpoint API here")
     launcher = WorkloadLauncher(args.preset, "cpu" if args.dry else "cuda", base_env)
-    engine = HttpEngine(POLICY, graphs=not args.dry)
+    source = (HERE / "workload.py").read_bytes()
+    engine = SGLangEngine(
+        launcher,
+        policy=POLICY,
+        graphs=not args.dry,
+        name="workload",
+        identity=lambda: ("workload", "1", "sha256:" + hashlib.sha256(source).hexdigest()),
+    )
+    # Requests name registered engines only: register this one for the run.
+    REGISTRY.register_engine("workload", build=lambda request: engine)
     driver = N610Driver(launcher=launcher, criu=Criu(os.environ.get("COLDSNAP_CRIU")), cuda=cuda)
     machine = Machine(
         driver=driver,

@@ -44,6 +44,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
+from coldsnap._wire import ResumePlan, write_plan  # noqa: E402
 from coldsnap.backends import (  # noqa: E402
     Criu,
     CudaCheckpoint,
@@ -52,7 +53,6 @@ from coldsnap.backends import (  # noqa: E402
     reap_children,
 )
 from coldsnap.backends.procs import tree_pids  # noqa: E402
-from coldsnap.plugin._records import ResumePlan, write_plan  # noqa: E402
 
 GIB = 1 << 30
 PROMPT = [1, 43, 29, 920, 526, 366, 973, 306, 626, 263, 243, 310, 278, 904]
@@ -160,7 +160,7 @@ class Qualify:
         env["PYTHONUNBUFFERED"] = "1"
         env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
         if self.args.dry:
-            env["PYTHONPATH"] += os.pathsep + str(REPO / "coldsnap/testing/sglang_cpu/pythonpath")
+            env["PYTHONPATH"] += os.pathsep + str(REPO / "coldsnap/engines/sglang/cpu/pythonpath")
             return env
         import torch_memory_saver  # the wheel's hook library sits beside the package
 

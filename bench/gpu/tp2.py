@@ -155,7 +155,7 @@ class Run:
         env.update(VARIANTS[self.args.variant])
         env["TORCH_NCCL_ENABLE_MONITORING"] = "0"  # no heartbeat monitor across a freeze
         if self.args.device != "cuda":  # CPU torch: PyPI torchvision needs its op shim here
-            shim = REPO / "coldsnap/testing/sglang_cpu/pythonpath"
+            shim = REPO / "coldsnap/engines/sglang/cpu/pythonpath"
             env["PYTHONPATH"] += os.pathsep + str(shim)
             return env, []
         env.setdefault("NCCL_DEBUG", "INFO")

@@ -364,8 +364,8 @@ class Workload:
     def hydrate(self) -> dict[str, Any] | None:
         """Fills the weights from the plan's native pack; None when no plan is there (like
         SGLang without coldsnap: the weights are garbage after a resume)."""
+        from coldsnap._wire import PlanError, read_plan
         from coldsnap.plugin._payload import pack_dir
-        from coldsnap.plugin._records import PlanError, read_plan
         from coldsnap.providers import PackDirectory
 
         runtime = os.environ.get("COLDSNAP_RUNTIME_DIR")

@@ -1,8 +1,11 @@
 """Artifacts: what a capture is bound to (identity), whether it fits a runtime
 (compatibility), and where its bytes live (a content-addressed store of objects and capsules).
-Uses nothing else of coldsnap."""
+Uses nothing else of coldsnap but the leaves `coldsnap._errors` and `coldsnap._atomic`.
 
-from ._capsule import Capsule, Member, TagRecord
+`validate` holds the attrs validators every record uses (here and in coldsnap.providers)."""
+
+from . import _validate as validate
+from ._capsule import Capsule, Member
 from ._collect import (
     capture_identity,
     checkpoint_digests,
@@ -11,7 +14,7 @@ from ._collect import (
     tree_digest,
 )
 from ._compat import Difference, check_compatible, diff_identities
-from ._convert import converter, from_json, make_converter, problems, record_digest, to_json
+from ._convert import converter, from_json, make_converter, record_digest, to_json
 from ._errors import (
     ArtifactError,
     IncompatibleArtifact,
@@ -28,7 +31,7 @@ from ._identity import (
     SnapshotDriver,
     Topology,
 )
-from ._names import DIGEST_PREFIX, digest_problem, exactly, member_name_problem, tag_problem
+from ._names import DIGEST_PREFIX, digest_problem, member_name_problem
 from ._store import GcReport, ObjectWriter, Store, VerifyReport
 
 __all__ = [
@@ -50,7 +53,6 @@ __all__ = [
     "SnapshotDriver",
     "Store",
     "StoreError",
-    "TagRecord",
     "Topology",
     "VerifyReport",
     "capture_identity",
@@ -60,14 +62,12 @@ __all__ = [
     "converter",
     "diff_identities",
     "digest_problem",
-    "exactly",
     "file_sha256",
     "from_json",
     "make_converter",
     "member_name_problem",
-    "problems",
     "record_digest",
-    "tag_problem",
     "to_json",
     "tree_digest",
+    "validate",
 ]

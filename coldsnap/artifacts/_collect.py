@@ -81,10 +81,14 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
 def checkpoint_digests(
     root: str | os.PathLike[str], patterns: Iterable[str] = ("*.safetensors", "*.json")
 ) -> tuple[FileDigest, ...]:
-    """Digests of the checkpoint files under `root`, named relative to it (never absolutely)."""
+    """Digests and sizes of the checkpoint files under `root` that match `patterns`, named
+    relative to it (never absolutely). Symlinks are followed: a Hugging Face cache snapshot is
+    made of them, and the digest is what is trusted."""
     base = Path(root)
     found = sorted({p for pattern in patterns for p in base.rglob(pattern) if p.is_file()})
-    return tuple(FileDigest(p.relative_to(base).as_posix(), file_sha256(p)) for p in found)
+    return tuple(
+        FileDigest(p.relative_to(base).as_posix(), file_sha256(p), p.stat().st_size) for p in found
+    )
 
 
 def tree_digest(root: str | os.PathLike[str], pattern: str = "*.py") -> str:

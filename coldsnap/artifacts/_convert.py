@@ -82,9 +82,10 @@ def problems(exc: BaseException) -> list[tuple[str, str]]:
     for line in cattrs.transform_error(exc, format_exception=_format):
         message, _, path = line.rpartition(" @ ")
         field = path.removeprefix("$").lstrip(".")
-        if not field:
-            field, message = _split(message)
-        found.append((field, message))
+        head, message = _split(message)  # a validator names its field: `size: ...`
+        if head != "$":
+            field = f"{field}.{head}" if field else head
+        found.append((field or "$", message))
     return found or [("$", str(exc))]
 
 

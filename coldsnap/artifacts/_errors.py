@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from coldsnap._errors import RefusedError
 
-class ArtifactError(Exception):
-    """Base of every error the artifacts layer raises on purpose."""
+
+class ArtifactError(RefusedError):
+    """Base of every error the artifacts layer raises on purpose: integrity or compatibility
+    refuses to go on (a malformed record, a damaged object, a capture that does not fit)."""
 
 
 class RecordError(ArtifactError, ValueError):

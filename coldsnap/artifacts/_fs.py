@@ -1,5 +1,6 @@
-"""Small file-system moves the store is made of: private directories, no-follow opens, durable
-renames. Every path handled here is inside the store and must not be a symlink."""
+"""Small file-system moves the store is made of: private directories, no-follow opens, exclusive
+creates. Every path handled here is inside the store and must not be a symlink. (Durable renames
+are coldsnap._atomic's.)"""
 
 from __future__ import annotations
 
@@ -77,16 +78,3 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
         written = os.write(fd, view)
         view = view[written:]
 
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def durable_replace(tmp: Path, final: Path) -> None:
-    """fsync'd `tmp` becomes `final` in one atomic step; the directory entry is made durable."""
-    os.replace(tmp, final)
-    fsync_dir(final.parent)

@@ -4,7 +4,6 @@ from disk can never point outside the store (`..`, absolute paths) or at a malfo
 from __future__ import annotations
 
 import re
-from typing import Any
 
 DIGEST_PREFIX = "sha256:"
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
@@ -19,13 +18,6 @@ def digest_problem(value: object) -> str | None:
     if not _DIGEST.fullmatch(value):
         return f"{value!r} is not a digest of the form sha256:<64 lowercase hex digits>"
     return None
-
-
-def check_digest(value: object, field: str = "digest") -> str:
-    problem = digest_problem(value)
-    if problem:
-        raise ValueError(f"{field}: {problem}")
-    return value  # type: ignore[return-value]
 
 
 def member_name_problem(value: object) -> str | None:
@@ -55,12 +47,3 @@ def tag_problem(value: object) -> str | None:
         return f"{value!r} is not a tag: 1-128 of [A-Za-z0-9_.-], starting with a letter or digit"
     return None
 
-
-def exactly(expected: object) -> Any:
-    """An attrs validator for `format` and `kind`: the one value this code reads and writes."""
-
-    def check(_: object, attribute: Any, value: object) -> None:
-        if value != expected:
-            raise ValueError(f"{attribute.name}: expected {expected!r}, found {value!r}")
-
-    return check

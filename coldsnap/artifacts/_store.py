@@ -20,13 +20,15 @@ import os
 import stat
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
 from attrs import frozen
 from filelock import FileLock
+
+from coldsnap import _atomic
 
 from . import _fs
 from ._capsule import Capsule, TagRecord
@@ -58,13 +60,16 @@ class GcReport:
 
 
 class ObjectWriter:
-    """Streams bytes into a new object, hashing while writing; `commit()` returns its digest.
-    Used as a context manager, an uncommitted writer removes its temporary file."""
+    """Streams bytes into a new private temporary file, hashing while writing. `commit()` fsyncs
+    it and hands it, with its digest, to `install`, which puts it in place (a store: into
+    objects/; an export directory: `<hex>.pack`), and returns the digest: a multi-GB file is
+    never read back to be named. Used as a context manager, an uncommitted writer removes its
+    temporary file."""
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
-        self._tmp = store.root / "tmp" / f"{uuid.uuid4().hex}.part"
-        self._fd: int | None = _fs.create_exclusive(self._tmp)
+    def __init__(self, tmp: Path, install: Callable[[Path, str], None]) -> None:
+        self._tmp = tmp
+        self._install = install
+        self._fd: int | None = _fs.create_exclusive(tmp)
         self._sha = hashlib.sha256()
         self.size = 0
 
@@ -84,7 +89,7 @@ class ObjectWriter:
         finally:
             os.close(fd)
         digest = DIGEST_PREFIX + self._sha.hexdigest()
-        self._store._install(self._tmp, digest)
+        self._install(self._tmp, digest)
         return digest
 
     def abort(self) -> None:
@@ -119,7 +124,7 @@ class Store:
     # objects ------------------------------------------------------------------------------
 
     def writer(self) -> ObjectWriter:
-        return ObjectWriter(self)
+        return self._temporary(self._install)
 
     def put_bytes(self, data: bytes | bytearray | memoryview) -> str:
         with self.writer() as w:
@@ -257,14 +262,7 @@ class Store:
             if problems:
                 raise StoreError("cannot publish the capsule:\n  " + "\n  ".join(problems))
             digest = self.put_bytes(to_json(capsule))
-            marker = self._marker(digest)
-            tmp = self.root / "tmp" / f"{uuid.uuid4().hex}.marker"
-            fd = _fs.create_exclusive(tmp)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            _fs.durable_replace(tmp, marker)
+            self._put_file(self._marker(digest), b"")
             if tag is not None:
                 self._write_tag(tag, digest)
         return digest
@@ -332,7 +330,7 @@ class Store:
                 if target == digest:
                     (self.root / "tags" / tag).unlink()
             self._marker(digest).unlink()
-            _fs.fsync_dir(self.root / "capsules")
+            _atomic.fsync_dir(self.root / "capsules")
         return digest
 
     def gc(self, *, grace_s: float = 3600.0) -> GcReport:
@@ -411,7 +409,7 @@ class Store:
                 os.utime(path, follow_symlinks=False)
                 tmp.unlink()
                 return
-            _fs.durable_replace(tmp, path)
+            _atomic.durable_replace(tmp, path)
 
     def _object_lock(self, digest: str) -> FileLock:
         shard = digest.removeprefix(DIGEST_PREFIX)[:2]
@@ -421,14 +419,17 @@ class Store:
         return FileLock(self.root / "locks" / "store.lock", mode=_fs.FILE_MODE)
 
     def _write_tag(self, tag: str, digest: str) -> None:
-        tmp = self.root / "tmp" / f"{uuid.uuid4().hex}.tag"
-        fd = _fs.create_exclusive(tmp)
-        try:
-            _fs.write_all(fd, to_json(TagRecord(tag=tag, capsule=digest)))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        _fs.durable_replace(tmp, self.root / "tags" / tag)
+        self._put_file(self.root / "tags" / tag, to_json(TagRecord(tag=tag, capsule=digest)))
+
+    def _temporary(self, install: Callable[[Path, str], None]) -> ObjectWriter:
+        """A writer whose temporary file is in tmp/, where gc finds what a crash left behind."""
+        return ObjectWriter(self.root / "tmp" / f"{uuid.uuid4().hex}.part", install)
+
+    def _put_file(self, final: Path, data: bytes) -> None:
+        """A small store file (a tag, a capsule marker), written whole, then renamed into place."""
+        with self._temporary(lambda tmp, _: _atomic.durable_replace(tmp, final)) as writer:
+            writer.write(data)
+            writer.commit()
 
     def _read_tag(self, tag: str) -> TagRecord:
         path = self.root / "tags" / tag

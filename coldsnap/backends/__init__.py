@@ -1,19 +1,21 @@
 """Backends: the leaves that snapshot processes (CRIU) and, on GPUs, the CUDA driver's state.
 
-They know nothing of engines, drivers or the machine, and import nothing else of coldsnap.
+They know nothing of engines, drivers or the machine, and import nothing else of coldsnap but
+the leaves `coldsnap._errors` (the root of the exception tree) and `coldsnap._atomic`.
 """
 
 from ._errors import (
     BackendError,
     CriuError,
     CriuUnavailable,
+    CudaCheckpointError,
     GpuMappingFound,
     LaunchError,
     PidCollision,
 )
 from ._records import DumpManifest, RestoredTree, SavedFile
 from .criu import Criu, CriuVersion
-from .cuda_checkpoint import CudaCheckpoint, CudaCheckpointError
+from .cuda_checkpoint import CudaCheckpoint
 from .launch import Launched, launch
 from .procs import (
     GpuMapping,

@@ -1,64 +1,97 @@
-"""Errors of the backends. Each says what failed and where the evidence is kept."""
+"""Errors of the backends. Each keeps what failed as fields (callers branch on them, not on the
+message) and says where the evidence is kept.
+
+Backends are leaves: the root of coldsnap's exception tree is the only coldsnap module they
+import (besides coldsnap._atomic).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from attrs import define
 
-class BackendError(Exception):
-    """Base of every error a backend raises on purpose (backends are leaves: no coldsnap base)."""
+from coldsnap._errors import OperationError
 
 
+def _say(headline: str, *details: tuple[str, object]) -> str:
+    """The headline, then each detail that is set, as `label value`, joined by '; '."""
+    return "; ".join([headline, *(f"{label} {value}" for label, value in details if value)])
+
+
+class BackendError(OperationError):
+    """Base of every error a backend raises on purpose."""
+
+
+@define(auto_exc=True)
 class CriuError(BackendError):
     """CRIU failed. The message carries CRIU's first error line and the path of the whole log."""
 
-    def __init__(
-        self,
-        operation: str,
-        problem: str,
-        *,
-        log_path: Path | None = None,
-        first_error: str | None = None,
-        returncode: int | None = None,
-    ) -> None:
-        self.operation = operation
-        self.problem = problem
-        self.log_path = log_path
-        self.first_error = first_error
-        self.returncode = returncode
-        parts = [f"criu {operation}: {problem}"]
-        if first_error:
-            parts.append(f"first error: {first_error}")
-        if log_path is not None:
-            parts.append(f"whole log: {log_path}")
-        super().__init__("; ".join(parts))
+    operation: str
+    problem: str
+    log_path: Path | None = None
+    first_error: str | None = None
+    returncode: int | None = None
+
+    def __str__(self) -> str:
+        return _say(
+            f"criu {self.operation}: {self.problem}",
+            ("first error:", self.first_error),
+            ("whole log:", self.log_path),
+        )
 
 
 class CriuUnavailable(CriuError):
     """No usable CRIU here: missing binary, a version below the minimum, or `criu check` fails."""
 
 
-class PidCollision(BackendError):
-    """A PID that the image must take back is held by a live process or an unreaped zombie."""
+@define(auto_exc=True)
+class CudaCheckpointError(BackendError):
+    """A checkpoint API call failed or found the process in a state it cannot act on.
 
-    def __init__(self, pid: int, holder: str) -> None:
-        self.pid = pid
-        self.holder = holder
-        super().__init__(
-            f"PID {pid} is held by {holder}; a restore takes back the image's original PIDs. "
-            "Stop and reap that process, or restore into a new PID namespace"
+    `result` is the CUresult name (for example CUDA_ERROR_NOT_READY) when the driver refused,
+    None when the state itself was wrong."""
+
+    operation: str
+    pid: int | None
+    problem: str
+    result: str | None = None
+    state: str | None = None
+
+    def __str__(self) -> str:
+        where = f" pid {self.pid}" if self.pid is not None else ""
+        return _say(
+            f"cuda {self.operation}{where}: {self.problem}",
+            ("driver said", self.result),
+            ("process state", self.state),
         )
 
 
+@define(auto_exc=True)
+class PidCollision(BackendError):
+    """A PID that the image must take back is held by a live process or an unreaped zombie."""
+
+    pid: int
+    holder: str
+
+    def __str__(self) -> str:
+        return (
+            f"PID {self.pid} is held by {self.holder}; a restore takes back the image's original "
+            "PIDs. Stop and reap that process, or restore into a new PID namespace"
+        )
+
+
+@define(auto_exc=True)
 class GpuMappingFound(BackendError):
     """A process maps (or holds open) an NVIDIA device file: it has CUDA driver state."""
 
-    def __init__(self, pid: int, path: str) -> None:
-        self.pid = pid
-        self.path = path
-        super().__init__(
-            f"process {pid} maps or holds {path}: it has CUDA/NVIDIA driver state, which a "
-            "plain CRIU image cannot hold"
+    pid: int
+    path: str
+
+    def __str__(self) -> str:
+        return (
+            f"process {self.pid} maps or holds {self.path}: it has CUDA/NVIDIA driver state, "
+            "which a plain CRIU image cannot hold"
         )
 
 

@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 if __package__:
+    from coldsnap._atomic import atomic_write
+
     from ._images import read_file_paths
-else:  # run as a script by CRIU: this file's folder is sys.path[0]
+else:  # run as a script by CRIU: this file's folder is sys.path[0]; only `save` runs there
     from _images import read_file_paths  # type: ignore[import-not-found,no-redef]
 
 SAVED_DIR = "coldsnap-files"
@@ -65,16 +68,17 @@ def save(images_dir: Path, paths: Iterable[str]) -> list[str]:
 
 
 def put_back(images_dir: Path, path: str) -> None:
-    """Puts one saved file back at its path: a fresh copy renamed into place, so a process
-    that still maps the old file keeps its own and the restored one gets the dumped content."""
+    """Puts one saved file back at its path (mode, owner and times kept): a fresh copy renamed
+    into place, so a process that still maps the old file keeps its own and the restored one
+    gets the dumped content."""
     src = images_dir / saved_name(path)
-    dest = Path(path)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.coldsnap-{os.getpid()}")
-    shutil.copy2(src, tmp)
     st = src.stat()
-    os.chown(tmp, st.st_uid, st.st_gid)
-    os.replace(tmp, dest)
+    with open(src, "rb") as source, atomic_write(Path(path)) as copy:
+        shutil.copyfileobj(source, copy)
+        copy.flush()
+        os.fchmod(copy.fileno(), stat.S_IMODE(st.st_mode))
+        os.fchown(copy.fileno(), st.st_uid, st.st_gid)
+        os.utime(copy.fileno(), ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def is_link_remap(path: str) -> bool:

@@ -16,11 +16,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+if __package__:
+    from ._errors import BackendError as _Base
+else:  # run by CRIU's post-dump hook (through _files) as a plain script: stdlib only
+    _Base = Exception  # type: ignore[assignment,misc]
+
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 
 
-class ImageFormatError(ValueError):
-    """An image file is not what CRIU writes."""
+class ImageFormatError(ValueError, _Base):
+    """An image file is not what CRIU writes. A BackendError, and a ValueError as it was."""
 
 
 class TaskIds(NamedTuple):

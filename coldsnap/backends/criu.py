@@ -213,20 +213,16 @@ class Criu:
             "-o",
             DUMP_LOG,
             f"-v{self.log_level}",
+            *_options(
+                ("--leave-running", leave_running),
+                ("--tcp-established", tcp_established),
+                ("--network-lock", network_lock),
+                ("--link-remap", link_remap),
+                ("--file-locks", file_locks),
+                ("--shell-job", shell_job),
+            ),
+            *extra_args,
         ]
-        if leave_running:
-            args.append("--leave-running")
-        if tcp_established:
-            args.append("--tcp-established")
-        if network_lock:
-            args += ["--network-lock", network_lock]
-        if link_remap:
-            args.append("--link-remap")
-        if file_locks:
-            args.append("--file-locks")
-        if shell_job:
-            args.append("--shell-job")
-        args += list(extra_args)
 
         with tempfile.TemporaryDirectory(prefix="coldsnap-criu-") as scratch:
             save = [
@@ -345,16 +341,14 @@ class Criu:
             f"-v{self.log_level}",
             "--pidfile",
             str(pid_path.resolve()),
+            *_options(
+                ("--tcp-established", tcp_established),
+                ("--file-locks", file_locks),
+                ("--leave-stopped", stopped),
+                ("--restore-detached", not attached),
+            ),
+            *extra_args,
         ]
-        if tcp_established:
-            args.append("--tcp-established")
-        if file_locks:
-            args.append("--file-locks")
-        if stopped:
-            args.append("--leave-stopped")
-        if not attached:
-            args.append("--restore-detached")
-        args += list(extra_args)
         log_path = work / RESTORE_LOG
 
         with filelock.FileLock(_RESTORE_LOCK):
@@ -497,6 +491,18 @@ class Criu:
             root = int(marker.read_text().split()[-1])
         self._attached[popen.pid] = popen
         return popen.pid, root
+
+
+def _options(*pairs: tuple[str, bool | str]) -> list[str]:
+    """CRIU options from (option, value) pairs: True adds the switch, a non-empty string adds
+    the option and its value, False or "" adds nothing."""
+    out: list[str] = []
+    for option, value in pairs:
+        if isinstance(value, str):
+            out += [option, value] if value else []
+        elif value:
+            out.append(option)
+    return out
 
 
 def _write_hook(path: Path, action: str, body: list[str]) -> Path:

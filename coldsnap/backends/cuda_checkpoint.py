@@ -24,19 +24,39 @@ One seam: the `driver` module (`cuda.bindings.driver`). Unit tests pass an in-me
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ._errors import BackendError
+from attrs import frozen
+
+from ._errors import CudaCheckpointError
 
 RUNNING, LOCKED, CHECKPOINTED, FAILED = "running", "locked", "checkpointed", "failed"
-STATES = (RUNNING, LOCKED, CHECKPOINTED, FAILED)
 _STATE_NAMES = {
     "CU_PROCESS_STATE_RUNNING": RUNNING,
     "CU_PROCESS_STATE_LOCKED": LOCKED,
     "CU_PROCESS_STATE_CHECKPOINTED": CHECKPOINTED,
     "CU_PROCESS_STATE_FAILED": FAILED,
+}
+
+
+@frozen
+class _Step:
+    """One driver transition: the state it acts on, the states in which it is already done (a
+    no-op), the driver call, and what to tell a caller who asks in any other state."""
+
+    acts_on: str
+    done: tuple[str, ...]
+    call: str
+    hint: str = ""
+
+
+_STEPS = {
+    "lock": _Step(RUNNING, (LOCKED, CHECKPOINTED), "cuCheckpointProcessLock"),
+    "checkpoint": _Step(LOCKED, (CHECKPOINTED,), "cuCheckpointProcessCheckpoint", "lock it first"),
+    "restore": _Step(CHECKPOINTED, (LOCKED, RUNNING), "cuCheckpointProcessRestore"),
+    "unlock": _Step(LOCKED, (RUNNING,), "cuCheckpointProcessUnlock", "restore it first"),
 }
 REQUIRED_API = (
     "cuInit",
@@ -49,34 +69,6 @@ REQUIRED_API = (
     "CUprocessState",
     "CUresult",
 )
-
-
-class CudaCheckpointError(BackendError):
-    """A checkpoint API call failed or found the process in a state it cannot act on.
-
-    `result` is the CUresult name (for example CUDA_ERROR_NOT_READY) when the driver refused,
-    None when the state itself was wrong."""
-
-    def __init__(
-        self,
-        operation: str,
-        pid: int | None,
-        problem: str,
-        *,
-        result: str | None = None,
-        state: str | None = None,
-    ) -> None:
-        self.operation = operation
-        self.pid = pid
-        self.result = result
-        self.state = state
-        where = f" pid {pid}" if pid is not None else ""
-        parts = [f"cuda {operation}{where}: {problem}"]
-        if result:
-            parts.append(f"driver said {result}")
-        if state:
-            parts.append(f"process state {state}")
-        super().__init__("; ".join(parts))
 
 
 def is_stopped(pid: int) -> bool:
@@ -194,44 +186,29 @@ class CudaCheckpoint:
         Returns the state before the call."""
         if timeout_s < 0:
             raise ValueError(f"timeout_s: {timeout_s} is negative")
-        before = self._expect("lock", pid, act_on=(RUNNING,), done=(LOCKED, CHECKPOINTED), wrong=())
-        if before == RUNNING:
-            driver = self._ready()
-            args = driver.CUcheckpointLockArgs()
+
+        def args(driver: Any) -> Any:
+            lock_args = driver.CUcheckpointLockArgs()
             # 0 means "no timeout" to the driver; never let a rounding make it that.
-            args.timeoutMs = max(1, round(timeout_s * 1000)) if timeout_s else 0
-            self._call("lock", pid, driver.cuCheckpointProcessLock, args)
-        return before
+            lock_args.timeoutMs = max(1, round(timeout_s * 1000)) if timeout_s else 0
+            return lock_args
+
+        return self._step("lock", pid, args)
 
     def checkpoint(self, pid: int) -> str:
         """LOCKED -> CHECKPOINTED: device memory moves into the process's host memory and the
         GPU is released. No-op when CHECKPOINTED; refuses a RUNNING process (lock first)."""
-        before = self._expect("checkpoint", pid, act_on=(LOCKED,), done=(CHECKPOINTED,),
-                              wrong=(RUNNING,), hint="lock it first")  # fmt: skip
-        if before == LOCKED:
-            driver = self._ready()
-            self._call("checkpoint", pid, driver.cuCheckpointProcessCheckpoint, None)
-        return before
+        return self._step("checkpoint", pid)
 
     def restore(self, pid: int) -> str:
         """CHECKPOINTED -> LOCKED: device memory comes back at the same addresses. No-op when
         the process is LOCKED or RUNNING (nothing is checkpointed)."""
-        before = self._expect("restore", pid, act_on=(CHECKPOINTED,), done=(LOCKED, RUNNING),
-                              wrong=())  # fmt: skip
-        if before == CHECKPOINTED:
-            driver = self._ready()
-            self._call("restore", pid, driver.cuCheckpointProcessRestore, None)
-        return before
+        return self._step("restore", pid)
 
     def unlock(self, pid: int) -> str:
         """LOCKED -> RUNNING. No-op when RUNNING; refuses a CHECKPOINTED process (restore
         first)."""
-        before = self._expect("unlock", pid, act_on=(LOCKED,), done=(RUNNING,),
-                              wrong=(CHECKPOINTED,), hint="restore it first")  # fmt: skip
-        if before == LOCKED:
-            driver = self._ready()
-            self._call("unlock", pid, driver.cuCheckpointProcessUnlock, None)
-        return before
+        return self._step("unlock", pid)
 
     # -- process trees -------------------------------------------------------------------
 
@@ -253,13 +230,6 @@ class CudaCheckpoint:
             for note in self._compensate([], locked):
                 exc.add_note(note)
             raise
-        return targets
-
-    def unlock_all(self, pids: Iterable[int]) -> list[int]:
-        """Unlocks every locked process of `pids`, going on past failures (the first is
-        raised at the end, the others as notes). Returns the pids."""
-        targets = list(dict.fromkeys(int(p) for p in pids))
-        _raise_first(_attempt_each(targets, self.unlock))
         return targets
 
     def checkpoint_all(
@@ -319,40 +289,29 @@ class CudaCheckpoint:
 
     # -- plumbing ------------------------------------------------------------------------
 
-    def _expect(
-        self,
-        operation: str,
-        pid: int,
-        *,
-        act_on: Sequence[str],
-        done: Sequence[str],
-        wrong: Sequence[str],
-        hint: str = "",
-    ) -> str:
+    def _step(self, operation: str, pid: int, args: Callable[[Any], Any] | None = None) -> str:
+        """Reads the state; makes the driver call of `operation` (with `args(driver)`) only in
+        the state it acts on, does nothing where it is already done, and refuses any other
+        state, the driver's FAILED included. Returns the state before the call."""
+        step = _STEPS[operation]
         state = self.state(pid)
-        if state in act_on or state in done:
+        if state in step.done:
             return state
         if state == FAILED:
-            raise CudaCheckpointError(
-                operation, pid, "the process is in the driver's FAILED state", state=state
-            )
-        assert state in wrong, state
-        raise CudaCheckpointError(
-            operation, pid, f"cannot {operation} a {state} process" + (f": {hint}" if hint else ""),
-            state=state,
-        )  # fmt: skip
-
-    def _call(self, operation: str, pid: int, fn: Callable[..., Any], args: Any) -> None:
+            problem = "the process is in the driver's FAILED state"
+            raise CudaCheckpointError(operation, pid, problem, state=state)
+        if state != step.acts_on:
+            hint = f": {step.hint}" if step.hint else ""
+            problem = f"cannot {operation} a {state} process{hint}"
+            raise CudaCheckpointError(operation, pid, problem, state=state)
         driver = self._ready()
-        (err,) = _as_tuple(fn(int(pid), args))[:1]
+        call = getattr(driver, step.call)
+        (err,) = _as_tuple(call(int(pid), args(driver) if args else None))[:1]
         if not _ok(driver, err):
-            try:
-                state = self.state(pid)
-            except CudaCheckpointError:
-                state = None
-            raise CudaCheckpointError(
-                operation, pid, "the driver refused", result=_name(driver, err), state=state
-            )
+            refused = "the driver refused"
+            result, now = _name(driver, err), self._state_or_none(pid)
+            raise CudaCheckpointError(operation, pid, refused, result=result, state=now)
+        return state
 
     def _each(
         self, operation: str, pids: list[int], fn: Callable[[int], Any], parallel: bool

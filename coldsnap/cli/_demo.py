@@ -2,7 +2,7 @@
 
 It prints the cold start to first answer, the restore to the first answer that equals the cold
 server's token for token, their ratio and the capsule's size, and stops everything it started.
-`--dry-run` runs the four specs on the in-memory driver instead and says so.
+Every component is the registered one (`Machine.for_request`); nothing is simulated.
 
 `cold_start` and `restore_to_first_answer` are shared with bench/bench_e2e.py, so that the demo
 and the benchmark time the same things the same way.
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,8 +23,17 @@ import click
 import httpx
 from attrs import frozen
 
-from coldsnap.drivers.memory import MemoryWorld, memory_components
-from coldsnap.machine import CaptureRequest, Machine, ModelRef, Receipt, RestoreRequest, StepEvent
+from coldsnap._errors import OperationError
+from coldsnap.backends import Launched, launch
+from coldsnap.machine import (
+    REGISTRY,
+    CaptureRequest,
+    Machine,
+    ModelRef,
+    Receipt,
+    RestoreRequest,
+    StepEvent,
+)
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
 MAX_NEW_TOKENS = 16
@@ -40,7 +48,7 @@ class FirstAnswer:
     tokens: tuple[int, ...]
 
 
-class DemoError(RuntimeError):
+class DemoError(OperationError):
     """A step of the demo failed; the message says which and where its logs are."""
 
 
@@ -48,9 +56,8 @@ class DemoError(RuntimeError):
 
 
 def ready_host() -> str | None:
-    """Readies this process to drive SGLang (on a CPU host, the stand-ins of
-    coldsnap.testing.sglang_cpu: the orchestrator imports SGLang for the contract digest).
-    Returns why the demo cannot run here, or None."""
+    """Why this host cannot drive SGLang and CRIU, or None. (The SGLang adapter readies this
+    process itself when it is built: on a host without CUDA, SGLang's CPU platform.)"""
     import importlib.util
 
     if importlib.util.find_spec("sglang") is None:
@@ -60,12 +67,6 @@ def ready_host() -> str | None:
     problem = Criu().problem()
     if problem:
         return f"no usable CRIU: {problem}; run `make demo` (or scripts/setup.sh all) first"
-    import torch
-
-    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
-        from coldsnap.testing.sglang_cpu import activate
-
-        activate()
     return None
 
 
@@ -80,41 +81,53 @@ def first_answer(url: str, *, prompt: str = PROMPT, timeout: float = 60.0) -> tu
     return tuple(int(t) for t in response.json()["output_ids"])
 
 
-def start_plain_server(model: Path, log_path: Path) -> Any:
-    """Launches a plain `python -m sglang.launch_server` (coldsnap's plugin not loaded) with the
-    engine arguments a capture uses on this host; returns at once. Stop it with `.stop()`."""
-    from coldsnap.testing.sglang_cpu import SGLangServer, free_port
+@frozen
+class PlainServer:
+    """A plain SGLang server started by `start_plain_server`."""
 
-    from ._components import sglang_host_settings
+    launched: Launched
+    url: str
+    log_path: Path
 
-    args, host_env = sglang_host_settings()
+    def stop(self) -> int | None:
+        """SIGTERM to the server's launcher, then whatever of its tree is left (see
+        coldsnap.backends.launch)."""
+        return self.launched.stop(timeout=60.0)
+
+
+def plain_command(model: Path) -> tuple[list[str], dict[str, str], str]:
+    """argv, environment and URL of a plain `python -m sglang.launch_server` (coldsnap's
+    plugin not loaded) with the arguments and environment the registered SGLang adapter uses
+    on this host."""
+    from coldsnap.engines.sglang import free_port
+
+    # The adapter's factory reads nothing of the request to pick this host's settings.
+    launcher = REGISTRY.get("engine", "sglang").build(None).launcher
     port = free_port()
     argv = [
         sys.executable, "-m", "sglang.launch_server",
-        "--model-path", str(model), "--host", "127.0.0.1", "--port", str(port), *args,
+        "--model-path", str(model), "--host", "127.0.0.1", "--port", str(port),
+        *launcher.base_args,
     ]  # fmt: skip
-    env = {**os.environ, **host_env, "SGLANG_PLUGINS": "none"}
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            argv,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    return SGLangServer(
-        process=process, url=f"http://127.0.0.1:{port}", log_path=log_path, command=argv
-    )
+    env = {**os.environ, **launcher.base_env, "SGLANG_PLUGINS": "none"}
+    return argv, env, f"http://127.0.0.1:{port}"
+
+
+def start_plain_server(model: Path, log_path: Path) -> PlainServer:
+    """Launches a plain SGLang server (`plain_command`) through the launcher the drivers use
+    (coldsnap.backends.launch: its own session, output appended to `log_path`); returns once
+    it runs. Stop it with `.stop()`."""
+    argv, env, url = plain_command(model)
+    return PlainServer(launch(argv, log_path=log_path, env=env), url, log_path)
 
 
 def cold_start(
     model: Path, log_path: Path, *, prompt: str = PROMPT, timeout: float = 300.0
 ) -> FirstAnswer:
     """A plain server timed from launch to its first answer, then stopped."""
+    argv, env, url = plain_command(model)
     started = time.perf_counter()
-    server = start_plain_server(model, log_path)
+    server = PlainServer(launch(argv, log_path=log_path, env=env), url, log_path)
     try:
         tokens = _poll_first_answer(server, prompt, started + timeout)
         return FirstAnswer(time.perf_counter() - started, tokens)
@@ -122,20 +135,18 @@ def cold_start(
         server.stop()
 
 
-def wait_first_answer(server: Any, *, prompt: str = PROMPT, timeout: float = 300.0) -> None:
+def wait_first_answer(server: PlainServer, *, prompt: str = PROMPT, timeout: float = 300.0) -> None:
     """Waits until a server started with `start_plain_server` answers."""
     _poll_first_answer(server, prompt, time.perf_counter() + timeout)
 
 
-def _poll_first_answer(server: Any, prompt: str, deadline: float) -> tuple[int, ...]:
+def _poll_first_answer(server: PlainServer, prompt: str, deadline: float) -> tuple[int, ...]:
     """Asks until the server answers. /generate is polled directly: SGLang's /health generates
     a token and then sleeps a whole second before it says 200, which would add up to 1 s."""
     while True:
-        if server.process.poll() is not None:
-            raise DemoError(
-                f"SGLang exited with code {server.process.returncode} while starting; "
-                f"see {server.log_path}"
-            )
+        code = server.launched.poll()
+        if code is not None:
+            raise DemoError(f"SGLang exited with code {code} while starting; see {server.log_path}")
         try:
             return first_answer(server.url, prompt=prompt)
         except (httpx.ConnectError, httpx.RemoteProtocolError):
@@ -157,9 +168,7 @@ def restore_to_first_answer(
 ) -> tuple[FirstAnswer, Receipt, Machine]:
     """Restores with the real components and asks the restored engine the prompt; the time runs
     from the restore's start to that answer. The caller stops the engine (`machine.stop`)."""
-    from ._components import real_components
-
-    machine = Machine(**real_components(request), subscribers=list(subscribers))
+    machine = Machine.for_request(request, subscribers=list(subscribers))
     started = time.perf_counter()
     receipt = machine.restore(request)
     if not receipt.ok:
@@ -179,9 +188,7 @@ def restore_to_first_answer(
 
 
 def capture(request: CaptureRequest) -> Receipt:
-    from ._components import real_components
-
-    receipt = Machine(**real_components(request)).capture(request)
+    receipt = Machine.for_request(request).capture(request)
     if not receipt.ok:
         raise DemoError(f"capture {receipt.outcome}: {receipt.error} (see {request.workdir})")
     return receipt
@@ -190,11 +197,7 @@ def capture(request: CaptureRequest) -> Receipt:
 # -- the command --------------------------------------------------------------------------------
 
 
-def run_demo(*, dry_run: bool) -> int:
-    return _dry_run() if dry_run else _real_run()
-
-
-def _real_run() -> int:
+def run_demo() -> int:
     problem = ready_host()
     if problem:
         click.echo(f"coldsnap demo: {problem}", err=True)
@@ -219,7 +222,7 @@ def _real_run() -> int:
 
 
 def _steps(root: Path) -> None:
-    from coldsnap.testing.models import build_model
+    from coldsnap.tiny_models import build_model
 
     started = time.perf_counter()
     info = build_model(root / "model", arch="llama", size="tiny", seed=0)
@@ -282,56 +285,3 @@ def _steps(root: Path) -> None:
 
 def _mb(value: Any) -> str:
     return f"{int(value or 0) / 1e6:.1f} MB"
-
-
-# -- the dry run --------------------------------------------------------------------------------
-
-
-def _dry_run() -> int:
-    click.echo(
-        "DRY RUN: the in-memory driver stands in for CRIU, CUDA and SGLang; no process is "
-        "snapshotted. Times below are the state machines' own overhead."
-    )
-    world = MemoryWorld()
-    with tempfile.TemporaryDirectory(prefix="coldsnap-demo-") as tmp:
-        root = Path(tmp)
-        (root / "model").mkdir()
-        model = ModelRef(id="tiny-llama", revision="dry-run", path=str(root / "model"))
-        for driver in ("n610", "n580"):
-            for provider in ("native", "recovery"):
-                machine = Machine(**memory_components(world, driver, provider))
-                started = time.perf_counter()
-                cap = machine.capture(
-                    CaptureRequest(
-                        driver=driver,
-                        provider=provider,
-                        model=model,
-                        name=f"{driver}-{provider}",
-                        workdir=str(root / f"cap-{driver}-{provider}"),
-                        store=str(root / "store"),
-                    )
-                )
-                capture_s = time.perf_counter() - started
-                started = time.perf_counter()
-                res = machine.restore(
-                    RestoreRequest(
-                        driver=driver,
-                        provider=provider,
-                        model=model,
-                        artifact=f"{driver}-{provider}",
-                        workdir=str(root / f"res-{driver}-{provider}"),
-                        store=str(root / "store"),
-                    )
-                )
-                restore_s = time.perf_counter() - started
-                click.echo(
-                    f"{driver} {provider:<8} capture {cap.outcome} "
-                    f"({len(cap.steps)} steps, {capture_s * 1e3:.1f} ms)  "
-                    f"restore {res.outcome} ({len(res.steps)} steps, "
-                    f"{restore_s * 1e3:.1f} ms)"
-                )
-                if not (cap.ok and res.ok):
-                    return 1
-                machine.stop(res)
-    click.echo("DRY RUN complete: capture and restore ran every step of all four specs.")
-    return 0

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Protocol
 
+from coldsnap._errors import OperationError
+
 DEFAULT_PREFIX = "coldsnap/barrier"
 
 
@@ -29,7 +31,7 @@ class KeyValueStore(Protocol):
     def wait(self, keys: list[str], timeout: timedelta) -> None: ...
 
 
-class BarrierError(RuntimeError):
+class BarrierError(OperationError):
     """A barrier could not complete: the store failed, or (BarrierTimeout) ranks are missing."""
 
     def __init__(self, name: str, message: str) -> None:

@@ -1,6 +1,8 @@
-"""Snapshot drivers: n580 (context-free template) and n610 (process + CUDA capsule), and the
-in-memory doubles (`coldsnap.drivers.memory`) for tests and the dry run."""
+"""Snapshot drivers: n580 (context-free template) and n610 (process + CUDA capsule). Each owns
+its specs and registers itself (entry point group `coldsnap.registrations`)."""
 
-from ._launcher import LaunchCommand, Launcher
+from coldsnap.machine import LaunchCommand, Launcher
 
-__all__ = ["LaunchCommand", "Launcher"]
+from ._facts import DUMP_SECONDS, RESTORE_SECONDS
+
+__all__ = ["DUMP_SECONDS", "RESTORE_SECONDS", "LaunchCommand", "Launcher"]

@@ -12,9 +12,7 @@ from typing import Any
 
 from coldsnap.backends import Criu, Launched, become_subreaper, launch, reap_children, stop_tree
 from coldsnap.backends.procs import pid_exists, tree_pids
-from coldsnap.machine import StepContext
-
-from ._launcher import LaunchCommand
+from coldsnap.machine import LaunchCommand, StepContext
 
 
 class Processes:

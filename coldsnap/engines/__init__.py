@@ -1,4 +1,5 @@
-"""Engine adapters: engine policies as data, and one engine-neutral HTTP client.
+"""Engine adapters: engine policies as data, one engine-neutral HTTP client, and per engine
+(`coldsnap.engines.sglang`) its policy, launcher and the machine-side steps.
 
 with EngineClient(url, SGLANG_POLICY) as engine:
     engine.wait_healthy(60)
@@ -11,7 +12,6 @@ with EngineClient(url, SGLANG_POLICY) as engine:
 
 from ._client import AcceptanceError, EngineClient, EngineError, Generation
 from ._policy import (
-    SGLANG_POLICY,
     AcceptanceRequest,
     Endpoints,
     EnginePolicy,
@@ -21,7 +21,6 @@ from ._policy import (
 )
 
 __all__ = [
-    "SGLANG_POLICY",
     "AcceptanceError",
     "AcceptanceRequest",
     "Endpoints",

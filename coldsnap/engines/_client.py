@@ -15,10 +15,12 @@ import attrs
 import httpx
 import tenacity
 
-from ._policy import SGLANG_POLICY, EnginePolicy
+from coldsnap._errors import OperationError
+
+from ._policy import EnginePolicy
 
 
-class EngineError(RuntimeError):
+class EngineError(OperationError, RuntimeError):
     """An engine call failed; names the operation, the HTTP status and the engine's words."""
 
     def __init__(self, operation: str, message: str, status: int | None = None) -> None:
@@ -65,12 +67,13 @@ class _Retryable(Exception):
 
 
 class EngineClient:
-    """Plain methods for each engine operation; the lead wires them into machine steps."""
+    """Plain methods for each engine operation, spelled by `policy`; the engine adapters
+    (coldsnap.engines.sglang) call them from the machine's steps."""
 
     def __init__(
         self,
         base_url: str,
-        policy: EnginePolicy = SGLANG_POLICY,
+        policy: EnginePolicy,
         *,
         transport: httpx.BaseTransport | None = None,
         headers: dict[str, str] | None = None,

@@ -1,7 +1,8 @@
 """Engine policies: everything engine-specific the client needs, as data.
 
-The machines and the HTTP client are engine-neutral; a second engine is a second policy
-(its endpoints, memory tags, request/response field names, acceptance request, timeouts).
+The HTTP client is engine-neutral; a second engine is a second policy (its endpoints, memory
+tags, request/response field names, acceptance request, timeouts), kept beside its adapter
+(SGLang's: coldsnap.engines.sglang.SGLANG_POLICY).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from types import MappingProxyType
 from typing import Any
 
 import attrs
+
+from coldsnap._wire import MEMORY_TAGS
 
 
 def _frozen_map(value: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -88,9 +91,8 @@ class RetryPolicy:
 class EnginePolicy:
     name: str
     endpoints: Endpoints = attrs.field(factory=Endpoints)
-    memory_tags: tuple[str, ...] = ("weights", "kv_cache", "cuda_graph")
-    # Tags resumed in the second phase of a recovery (after the weights are reloaded).
-    second_phase_tags: tuple[str, ...] = ("kv_cache", "cuda_graph")
+    # The memory regions release and resume may name (default: those of coldsnap's plugin).
+    memory_tags: tuple[str, ...] = MEMORY_TAGS
     dialect: GenerateDialect = attrs.field(factory=GenerateDialect)
     acceptance: AcceptanceRequest = attrs.field(factory=AcceptanceRequest)
     timeouts: Timeouts = attrs.field(factory=Timeouts)
@@ -109,8 +111,3 @@ class EnginePolicy:
             )
         return list(tags)
 
-
-SGLANG_POLICY = EnginePolicy(
-    name="sglang",
-    update_defaults={"flush_cache": True},
-)

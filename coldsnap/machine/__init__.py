@@ -1,5 +1,7 @@
-"""Capture and restore as declarative state machines: specs, runner, journal, receipts."""
+"""Capture and restore as declarative state machines: specs, the registry of drivers,
+providers, engines and stores, the runner, the journal and receipts."""
 
+from . import _steps as steps
 from ._context import Skipped, StepContext
 from ._convert import parse_request
 from ._diagram import document, mermaid
@@ -9,20 +11,35 @@ from ._errors import (
     ComponentError,
     IllegalTransition,
     JournalError,
+    MissingFact,
+    RegistryError,
     RequestError,
     SpecError,
     StepTimeout,
+    UndeclaredFact,
 )
-from ._host import HostOps, LocalHost
+from ._facts import Fact, declared_facts, fact
+from ._guards import CHECKPOINT, CUDA, GRAPHS, PAYLOAD, RETIRE, Guard, capability
 from ._journal import JOURNAL_NAME, Journal, JournalRecord, Replay, read_journal
+from ._launch import LaunchCommand, Launcher
 from ._machine import Machine
-from ._protocols import ArtifactStore, Driver, Engine, StepResult, WeightProvider
+from ._protocols import (
+    ArtifactStore,
+    Component,
+    Driver,
+    Engine,
+    StepResult,
+    WeightProvider,
+    check_components,
+    declared_methods,
+)
 from ._receipt import Receipt, StepEvent, StepRecord
-from ._requests import DRIVERS, PROVIDERS, CaptureRequest, ModelRef, Request, RestoreRequest
+from ._registry import ENTRY_POINT_GROUP, REGISTRY, Components, Entry, Registry
+from ._requests import CaptureRequest, ModelRef, Request, RestoreRequest
 from ._runner import SpecMachine
 from ._spec import (
     COMPONENTS,
-    GUARDS,
+    SPEC_CHECKS,
     TERMINAL_STATES,
     TRIGGERS,
     Graph,
@@ -30,40 +47,46 @@ from ._spec import (
     Step,
     Transition,
     validate_graph,
-    validate_steps,
 )
-from ._specs import CAPTURE_N580, CAPTURE_N610, RESTORE_N580, RESTORE_N610, SPECS, spec_for
 
 __all__ = [
-    "CAPTURE_N580",
-    "CAPTURE_N610",
+    "CHECKPOINT",
     "COMPONENTS",
-    "DRIVERS",
-    "GUARDS",
+    "CUDA",
+    "ENTRY_POINT_GROUP",
+    "GRAPHS",
     "JOURNAL_NAME",
-    "PROVIDERS",
-    "RESTORE_N580",
-    "RESTORE_N610",
-    "SPECS",
+    "PAYLOAD",
+    "REGISTRY",
+    "RETIRE",
+    "SPEC_CHECKS",
     "TERMINAL_STATES",
     "TRIGGERS",
     "ArtifactStore",
     "Cancelled",
     "CaptureRequest",
     "ColdsnapError",
+    "Component",
     "ComponentError",
+    "Components",
     "Driver",
     "Engine",
+    "Entry",
+    "Fact",
     "Graph",
-    "HostOps",
+    "Guard",
     "IllegalTransition",
     "Journal",
     "JournalError",
     "JournalRecord",
-    "LocalHost",
+    "LaunchCommand",
+    "Launcher",
     "Machine",
+    "MissingFact",
     "ModelRef",
     "Receipt",
+    "Registry",
+    "RegistryError",
     "Replay",
     "Request",
     "RequestError",
@@ -79,12 +102,17 @@ __all__ = [
     "StepResult",
     "StepTimeout",
     "Transition",
+    "UndeclaredFact",
     "WeightProvider",
+    "capability",
+    "check_components",
+    "declared_facts",
+    "declared_methods",
     "document",
+    "fact",
     "mermaid",
     "parse_request",
     "read_journal",
-    "spec_for",
+    "steps",
     "validate_graph",
-    "validate_steps",
 ]

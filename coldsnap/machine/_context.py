@@ -12,7 +12,6 @@ from typing import Any
 from attrs import define, field, frozen
 
 from ._errors import Cancelled, StepTimeout
-from ._host import HostOps
 from ._requests import Request
 from ._spec import Spec, Step
 
@@ -37,7 +36,6 @@ class StepContext:
     spec: Spec
     step: Step
     workdir: Path
-    host: HostOps
     deadline: float
     _facts: dict[str, Any]
     _cancel: threading.Event
@@ -65,5 +63,5 @@ class StepContext:
 
     def record(self, **facts: Any) -> None:
         """Journals facts now, before the step ends."""
+        self._record(facts)  # refuses a fact the step does not declare it makes
         self._facts.update(facts)
-        self._record(facts)

@@ -8,12 +8,16 @@ from ._spec import Spec, Transition
 
 _HEADER = """# State machines
 
-Generated from `coldsnap/machine/_specs.py` by `coldsnap docs`; a test fails when this file is
-stale. Each operation is a linear sequence of steps (guarded steps run only for the provider they
-name). Any step's failure, timeout or cancellation moves the machine to `compensating`, which runs
-the failed step's compensation and then those of the completed steps in reverse order, each
-exactly once, ending in `rolled_back` (or `failed` if a compensation fails too). `on interrupt`
-says what a machine resuming a journal does with a step that started but never ended.
+Generated from the registered drivers' specs (`coldsnap/drivers/*/_specs.py`, with the shared
+steps of `coldsnap/machine/_steps.py`) by `coldsnap docs`; a test fails when this file is stale.
+Each operation is a linear sequence of steps; a guarded step runs only when its guard holds (the
+guards are listed under each spec). `needs` and `makes` are the facts a step reads from earlier
+steps and records for later ones; a spec whose step needs a fact no earlier step makes is refused
+when it is defined. Any step's failure, timeout or cancellation moves the machine to
+`compensating`, which runs the failed step's compensation and then those of the completed steps
+in reverse order, each exactly once, ending in `rolled_back` (or `failed` if a compensation fails
+too). `on interrupt` says what a machine resuming a journal does with a step that started but
+never ended.
 """
 
 
@@ -33,8 +37,9 @@ def mermaid(spec: Spec) -> str:
 
 def step_table(spec: Spec) -> str:
     rows = [
-        "| # | step | action | compensation | guard | on interrupt | timeout | what it does |",
-        "|---|---|---|---|---|---|---|---|",
+        "| # | step | action | compensation | guard | on interrupt | timeout | needs | makes "
+        "| what it does |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for number, step in enumerate(spec.steps, 1):
         comp = (
@@ -44,10 +49,17 @@ def step_table(spec: Spec) -> str:
                 f"none: {step.no_compensation}" if step.no_compensation else "none (no side effect)"
             )
         )
+        guard = step.when.name if step.when else ""
+        needs = ", ".join(f.name for f in step.needs)
+        makes = ", ".join(f.name for f in step.makes)
         rows.append(
-            f"| {number} | `{step.name}` | `{step.action}` | {comp} | {step.when or ''} | "
-            f"{step.on_interrupt} | {step.timeout_s:g} s | {step.doc} |"
+            f"| {number} | `{step.name}` | `{step.action}` | {comp} | {guard} | "
+            f"{step.on_interrupt} | {step.timeout_s:g} s | {needs} | {makes} | {step.doc} |"
         )
+    guards = spec.guards()
+    if guards:
+        rows.append("")
+        rows += [f"- guard `{g.name}`: {g.doc}" for g in guards]
     return "\n".join(rows)
 
 

@@ -1,16 +1,27 @@
-"""Errors of the machines. Each names what is wrong so an operator can act on it."""
+"""Errors of the machines, on coldsnap's one tree (coldsnap._errors). Each names what is wrong
+so an operator can act on it."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-
-class ColdsnapError(Exception):
-    """Base of every error coldsnap raises on purpose."""
+from coldsnap._errors import ColdsnapError, DefinitionError, OperationError
 
 
-class SpecError(ColdsnapError):
+class SpecError(DefinitionError):
     """A spec is malformed; raised when the spec is defined, never at run time."""
+
+
+class RegistryError(DefinitionError):
+    """A driver, provider or engine is registered twice, or a request names one never registered."""
+
+
+class ComponentError(DefinitionError):
+    """A driver, provider, engine or store does not offer what a spec needs."""
+
+
+class IllegalTransition(DefinitionError):
+    """A trigger that the spec does not allow from the current state."""
 
 
 class RequestError(ColdsnapError, ValueError):
@@ -26,21 +37,37 @@ class RequestError(ColdsnapError, ValueError):
         return tuple(field for field, _ in self.problems)
 
 
-class ComponentError(ColdsnapError):
-    """A driver, provider, engine or store does not offer what a spec needs."""
-
-
-class IllegalTransition(ColdsnapError):
-    """A trigger that the spec does not allow from the current state."""
-
-
-class StepTimeout(ColdsnapError):
+class StepTimeout(OperationError):
     """A step ran past its timeout."""
 
 
-class Cancelled(ColdsnapError):
+class Cancelled(OperationError):
     """The operation was cancelled; it compensates back like a failure."""
 
 
-class JournalError(ColdsnapError):
+class MissingFact(OperationError):
+    """A step needs a fact that no earlier step recorded (a journal from another version, or a
+    component that did not return what its step declares it makes)."""
+
+
+class UndeclaredFact(DefinitionError):
+    """A step returned or recorded a fact its spec does not declare it makes."""
+
+
+class JournalError(OperationError):
     """A journal cannot be read or does not belong to this machine."""
+
+
+__all__ = [
+    "Cancelled",
+    "ColdsnapError",
+    "ComponentError",
+    "IllegalTransition",
+    "JournalError",
+    "MissingFact",
+    "RegistryError",
+    "RequestError",
+    "SpecError",
+    "StepTimeout",
+    "UndeclaredFact",
+]

@@ -13,14 +13,13 @@ from typing import Any, TypeVar
 from ._context import StepContext
 from ._convert import converter, parse_request, unstructure
 from ._errors import JournalError, RequestError
-from ._host import HostOps, LocalHost
 from ._journal import Journal, Replay
-from ._protocols import check_components
+from ._protocols import ArtifactStore, Driver, Engine, WeightProvider, check_components
 from ._receipt import RECEIPT_NAME, Receipt
+from ._registry import REGISTRY, Components, Registry
 from ._requests import CaptureRequest, Request, RestoreRequest
 from ._runner import Run, Subscriber
 from ._spec import Step
-from ._specs import SPECS, spec_for
 
 R = TypeVar("R", CaptureRequest, RestoreRequest)
 
@@ -36,25 +35,36 @@ class Machine:
     def __init__(
         self,
         *,
-        driver: Any,
-        provider: Any,
-        engine: Any,
-        artifacts: Any,
-        host: HostOps | None = None,
+        driver: Driver,
+        provider: WeightProvider,
+        engine: Engine,
+        artifacts: ArtifactStore,
         subscribers: Iterable[Subscriber] = (),
         grace_s: float = 5.0,
+        registry: Registry = REGISTRY,
     ) -> None:
-        self.components = {
-            "driver": driver,
-            "provider": provider,
-            "engine": engine,
-            "artifacts": artifacts,
-        }
-        self.host = host or LocalHost()
+        self.components: dict[str, Any] = Components(
+            driver=driver, provider=provider, engine=engine, artifacts=artifacts
+        ).by_role()
+        self.registry = registry
         self._subscribers: list[Subscriber] = list(subscribers)
         self._grace_s = grace_s
         self._lock = threading.Lock()
         self._cancel: threading.Event | None = None
+
+    @classmethod
+    def for_request(
+        cls,
+        request: Request | Mapping[str, Any],
+        *,
+        registry: Registry = REGISTRY,
+        **options: Any,
+    ) -> Machine:
+        """A Machine with the registered components the request names."""
+        if isinstance(request, Mapping):
+            request = parse_request(request)
+        built = registry.components(request)
+        return cls(**built.by_role(), registry=registry, **options)
 
     def subscribe(self, subscriber: Subscriber) -> None:
         self._subscribers.append(subscriber)
@@ -85,9 +95,13 @@ class Machine:
         if replay.end is not None:
             return _read_receipt(workdir)
         request = parse_request(replay.request)
-        spec = SPECS.get(replay.spec)
-        if spec is None or spec.name != f"{request.operation}-{request.driver}":
-            raise JournalError(f"{journal.path}: names spec {replay.spec!r}, which is unknown")
+        self.registry.check(request)
+        spec = self.registry.spec(request.operation, request.driver)
+        if spec.name != replay.spec:
+            raise JournalError(
+                f"{journal.path}: names spec {replay.spec!r}, but driver '{request.driver}' "
+                f"registers '{spec.name}' for {request.operation}"
+            )
         check_components(spec, request, self.components)
         with self._running(cancel) as event:
             return self._run(spec, request, journal, event).resume(replay)
@@ -98,17 +112,15 @@ class Machine:
             self._cancel.set()
 
     def stop(self, receipt: Receipt) -> None:
-        """Stops what a restore (or a capture that kept its source) left running, and releases
-        the payload the restore staged."""
-        spec = SPECS[receipt.spec]
+        """Stops what a restore (or a capture that kept its source) left running."""
         request = parse_request(_read_request(Path(receipt.workdir)))
+        spec = self.registry.spec(request.operation, request.driver)
         step = Step("stop", "driver.stop_engine", "stop the engine", side_effect=False)
         ctx = StepContext(
             request=request,
             spec=spec,
             step=step,
             workdir=Path(request.workdir),
-            host=self.host,
             deadline=time.monotonic() + 120.0,
             facts=dict(receipt.facts),
             cancel=threading.Event(),
@@ -116,14 +128,12 @@ class Machine:
             compensating=True,
         )
         self.components["driver"].stop_engine(ctx)
-        unstage = getattr(self.components["provider"], "unstage", None)
-        if callable(unstage):
-            unstage(ctx)
 
     # -- plumbing -----------------------------------------------------------------------------
 
     def _start(self, request: Request, cancel: threading.Event | None) -> Receipt:
-        spec = spec_for(request.operation, request.driver)
+        self.registry.check(request)
+        spec = self.registry.spec(request.operation, request.driver)
         check_components(spec, request, self.components)
         journal = Journal.create(Path(request.workdir))
         with self._running(cancel) as event:
@@ -134,7 +144,6 @@ class Machine:
             spec=spec,
             request=request,
             components=self.components,
-            host=self.host,
             journal=journal,
             cancel=cancel,
             subscribers=self._subscribers,

@@ -1,63 +1,160 @@
-"""The small interfaces the machines drive. Each step method takes a StepContext and returns
-None, a dict of JSON-able facts for later steps and the journal, or `Skipped(reason)`.
+"""The roles a Machine drives, as typed protocols: what each spec's steps may call.
 
-Every method named by a spec's steps must exist on the component given to the Machine; the
-Machine checks that before the first step, so a missing capability fails before any side effect.
+Every step method takes a StepContext and returns None, a mapping of the facts it declares it
+makes (JSON-able; the runner refuses others), or `Skipped(reason)` for a third party's step that
+had nothing to do. Each method is idempotent: a resumed machine may call it again, and a
+compensation may run after its step failed half-way (`ctx.compensating` is then true).
+
+Drivers own their specs, so the driver protocol holds only what the Machine itself calls; the
+registry checks a driver's class against the methods its specs name. The engine, provider and
+store protocols hold every method the shared steps (coldsnap.machine._steps) name; spec
+registration refuses an action that is not declared here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ._context import Skipped, StepContext
 from ._errors import ComponentError
-from ._requests import Request
+from ._launch import Launcher
 from ._spec import Spec
+
+if TYPE_CHECKING:
+    from ._requests import Request
 
 StepResult = Mapping[str, Any] | Skipped | None
 
 
 @runtime_checkable
-class Driver(Protocol):
-    """A snapshot driver (`name` is n580 or n610): process launch, dump, restore, CUDA state."""
+class Component(Protocol):
+    """What every role has: the name a request selects it by, and what it can do (guards read
+    `capabilities`, never names)."""
 
     name: str
-
-    def stop_engine(self, ctx: StepContext) -> StepResult: ...
+    capabilities: frozenset[str]
 
 
 @runtime_checkable
-class Engine(Protocol):
-    """An engine adapter: the engine's endpoints as steps (health, acceptance, memory, NCCL)."""
+class Driver(Component, Protocol):
+    """A snapshot driver: process launch, dump, restore and CUDA state, through its own specs."""
 
-    name: str
-
-    def wait_healthy(self, ctx: StepContext) -> StepResult: ...
-
-
-@runtime_checkable
-class WeightProvider(Protocol):
-    """Where weights come from on restore (`name` is native or recovery)."""
-
-    name: str
-
-    def stage(self, ctx: StepContext) -> StepResult: ...
+    def stop_engine(self, ctx: StepContext) -> StepResult:
+        """Stops and reaps whatever engine or template the operation started or restored."""
+        ...
 
 
 @runtime_checkable
-class ArtifactStore(Protocol):
+class Engine(Component, Protocol):
+    """An engine adapter: the engine's endpoints as steps. Capabilities: `cuda_graphs`.
+
+    `launcher` hands drivers the engine's command line; `build()` names the engine installed
+    here as (engine, version, contract digest), which the store binds into capsules."""
+
+    launcher: Launcher
+
+    def build(self) -> tuple[str, str, str]:
+        """(engine name, version, digest of the runtime contract the adapter relies on)."""
+        ...
+
+    def wait_healthy(self, ctx: StepContext) -> StepResult:
+        """Polls readiness until it answers; fails at once if the engine's process ends."""
+        ...
+
+    def record_acceptance(self, ctx: StepContext) -> StepResult:
+        """Makes `acceptance_tokens` from a greedy request (capture)."""
+        ...
+
+    def check_acceptance(self, ctx: StepContext) -> StepResult:
+        """Raises unless the greedy request answers the capsule's `acceptance_tokens`."""
+        ...
+
+    def quiesce(self, ctx: StepContext) -> StepResult:
+        """Flushes caches, failing while a request runs, so the snapshot holds no request."""
+        ...
+
+    def release_memory(self, ctx: StepContext) -> StepResult:
+        """Releases weights and KV (the engine exports its payload first when started to)."""
+        ...
+
+    def resume_memory(self, ctx: StepContext) -> StepResult:
+        """Undoes release at capture: the weights come back from the model's checkpoint."""
+        ...
+
+    def destroy_graphs(self, ctx: StepContext) -> StepResult:
+        """Releases CUDA graphs that point into released memory (capability `cuda_graphs`)."""
+        ...
+
+    def recapture_graphs(self, ctx: StepContext) -> StepResult:
+        """Undoes destroy_graphs on a live engine."""
+        ...
+
+    def resume_weights(self, ctx: StepContext) -> StepResult:
+        """Hands the engine `weight_source` and resumes the weights; returns once refilled."""
+        ...
+
+    def resume_rest(self, ctx: StepContext) -> StepResult:
+        """Resumes everything else released at capture."""
+        ...
+
+
+@runtime_checkable
+class WeightProvider(Component, Protocol):
+    """Where weights come from on restore. Capabilities: `payload` or `checkpoint`."""
+
+    def export(self, ctx: StepContext) -> StepResult:
+        """Finds the payload the engine exported at release (capability `payload`)."""
+        ...
+
+    def discard_export(self, ctx: StepContext) -> StepResult:
+        """Deletes what export found, unless the store adopted it."""
+        ...
+
+    def stage(self, ctx: StepContext) -> StepResult:
+        """Verifies the weights and makes `weight_source` for the engine."""
+        ...
+
+
+@runtime_checkable
+class ArtifactStore(Component, Protocol):
     """Seals capsules at capture; admits them (compatibility) at restore."""
 
-    name: str
+    def seal(self, ctx: StepContext) -> StepResult:
+        """Publishes the capsule; records whether it created it before publishing."""
+        ...
 
-    def seal(self, ctx: StepContext) -> StepResult: ...
+    def unpublish(self, ctx: StepContext) -> StepResult:
+        """Undoes seal, leaving a capsule that existed before and giving its tag back."""
+        ...
 
-    def admit(self, ctx: StepContext) -> StepResult: ...
+    def admit(self, ctx: StepContext) -> StepResult:
+        """Checks the capsule against this runtime and lays its files out for the driver."""
+        ...
+
+
+ROLES: dict[str, type[Component]] = {
+    "driver": Driver,
+    "engine": Engine,
+    "provider": WeightProvider,
+    "artifacts": ArtifactStore,
+}
+
+
+def declared_methods(role: str) -> frozenset[str]:
+    """The step methods a role's protocol declares."""
+    return frozenset(
+        name
+        for klass in ROLES[role].__mro__
+        if klass is not Component and Component in klass.__mro__
+        for name, value in vars(klass).items()
+        if callable(value) and not name.startswith("_")
+    )
 
 
 def check_components(spec: Spec, request: Request, components: Mapping[str, object]) -> None:
-    """Fails closed when a component lacks a method the request's steps call."""
+    """Fails closed when a component is not the one the request names, or lacks a method the
+    request's steps (or their compensations) call."""
     expected = {"driver": request.driver, "provider": request.provider, "engine": request.engine}
     for role, name in expected.items():
         have = getattr(components[role], "name", None)
@@ -65,7 +162,10 @@ def check_components(spec: Spec, request: Request, components: Mapping[str, obje
             raise ComponentError(
                 f"the request asks for {role} '{name}' but the machine has '{have}'"
             )
-    for step in spec.selected(request):
+    for role, component in components.items():
+        if not isinstance(getattr(component, "capabilities", None), frozenset):
+            raise ComponentError(f"{role} '{component}' has no frozenset `capabilities`")
+    for step in spec.selected(request, components):
         for action in filter(None, (step.action, step.compensation)):
             role, method = action.split(".", 1)
             if not callable(getattr(components[role], method, None)):

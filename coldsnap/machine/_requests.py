@@ -11,8 +11,6 @@ from attrs import field, frozen
 
 from ._errors import RequestError
 
-DRIVERS = ("n580", "n610")
-PROVIDERS = ("native", "recovery")
 REQUEST_FORMAT = 1
 _TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -113,14 +111,6 @@ def _common_problems(request: CaptureRequest | RestoreRequest) -> list[tuple[str
         problems.append(("format", f"unsupported format {request.format} (known: 1)"))
     if request.kind != request.KIND:
         problems.append(("kind", f"expected '{request.KIND}', got '{request.kind}'"))
-    if request.driver not in DRIVERS:
-        problems.append(("driver", f"unknown driver '{request.driver}' (known: n580, n610)"))
-    if request.provider not in PROVIDERS:
-        problems.append(
-            ("provider", f"unknown provider '{request.provider}' (known: native, recovery)")
-        )
-    if not request.engine:
-        problems.append(("engine", "must name an engine policy"))
     for name in ("workdir", "store"):
         problems += _path_problems(name, getattr(request, name), must_exist=False)
     for step, seconds in request.timeouts.items():

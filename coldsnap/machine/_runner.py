@@ -22,8 +22,7 @@ from transitions import Machine as _Transitions
 from transitions import MachineError
 
 from ._context import Skipped, StepContext
-from ._errors import IllegalTransition, StepTimeout
-from ._host import HostOps
+from ._errors import IllegalTransition, MissingFact, StepTimeout, UndeclaredFact
 from ._journal import Journal, Replay
 from ._receipt import Receipt, StepEvent, StepRecord
 from ._requests import Request
@@ -35,7 +34,6 @@ from ._spec import (
     DONE,
     FAIL,
     FAILED,
-    GUARDS,
     ROLLED_BACK,
     Spec,
     Step,
@@ -51,18 +49,25 @@ class _Model:
 
     state: str
 
-    def __init__(self, request: Request) -> None:
-        for guard, predicate in GUARDS.items():
-            setattr(self, guard_condition(guard), functools.partial(predicate, request))
+    def __init__(self, spec: Spec, request: Request, components: Mapping[str, Any]) -> None:
+        for guard in spec.guards():
+            holds = functools.partial(guard.holds, request, components)
+            setattr(self, guard_condition(guard), holds)
 
 
 class SpecMachine:
     """A spec's graph on `transitions` for one request: fire triggers, read the state."""
 
-    def __init__(self, spec: Spec, request: Request, state: str | None = None) -> None:
+    def __init__(
+        self,
+        spec: Spec,
+        request: Request,
+        components: Mapping[str, Any],
+        state: str | None = None,
+    ) -> None:
         graph = spec.graph()
         self.spec = spec
-        self._model = _Model(request)
+        self._model = _Model(spec, request, components)
         self._machine = _Transitions(
             model=self._model,
             states=list(graph.states),
@@ -114,7 +119,6 @@ class Run:
         spec: Spec,
         request: Request,
         components: Mapping[str, Any],
-        host: HostOps,
         journal: Journal,
         cancel: threading.Event,
         subscribers: Iterable[Subscriber] = (),
@@ -123,13 +127,12 @@ class Run:
         self.spec = spec
         self.request = request
         self.components = components
-        self.host = host
         self.journal = journal
         self.cancel = cancel
         self.subscribers = tuple(subscribers)
         self.grace_s = grace_s
         self.workdir = Path(request.workdir)
-        self.steps = {s.name: s for s in spec.selected(request)}
+        self.steps = {s.name: s for s in spec.selected(request, components)}
         self.facts: dict[str, Any] = {}
         self.records: list[StepRecord] = []
         self.comp_records: list[StepRecord] = []
@@ -141,7 +144,7 @@ class Run:
 
     def start(self, request_data: dict[str, Any]) -> Receipt:
         self.journal.append("begin", spec=self.spec.name, request=request_data)
-        return self._forward(SpecMachine(self.spec, self.request), None)
+        return self._forward(SpecMachine(self.spec, self.request, self.components), None)
 
     def resume(self, replay: Replay) -> Receipt:
         self.resumed = True
@@ -183,11 +186,11 @@ class Run:
                         detail=error or "",
                     )
                 )
-            machine = SpecMachine(self.spec, self.request, COMPENSATING)
+            machine = SpecMachine(self.spec, self.request, self.components, COMPENSATING)
             return self._compensate(machine, self.steps.get(failed or ""), error or "", fire=False)
         if replay.interrupted:
             step = self.steps[replay.interrupted]
-            machine = SpecMachine(self.spec, self.request, step.name)
+            machine = SpecMachine(self.spec, self.request, self.components, step.name)
             if step.on_interrupt == "retry":
                 return self._forward(machine, step)
             error = "interrupted: the orchestrator stopped during this step"
@@ -196,7 +199,7 @@ class Run:
                 StepRecord(name=step.name, status="failed", seconds=0.0, detail=error)
             )
             return self._compensate(machine, step, error)
-        machine = SpecMachine(self.spec, self.request, last)
+        machine = SpecMachine(self.spec, self.request, self.components, last)
         return self._forward(machine, None)
 
     # -- forward ------------------------------------------------------------------------------
@@ -230,7 +233,13 @@ class Run:
         self.journal.append("step_start", step=step.name)
         self._emit(step.name, "started")
         started = time.monotonic()
-        result, exc = self._invoke(step.action, ctx, timeout)
+        missing = [f.name for f in step.needs if f.name not in self.facts]
+        if missing:
+            result, exc = None, MissingFact(
+                f"step '{step.name}' needs {', '.join(missing)}, which no earlier step recorded"
+            )
+        else:
+            result, exc = self._invoke(step.action, ctx, timeout)
         seconds = time.monotonic() - started
         if exc is None and seconds > timeout:
             exc = StepTimeout(f"step '{step.name}' ran past {timeout:g} s ({seconds:.1f} s)")
@@ -239,8 +248,11 @@ class Run:
             try:
                 facts = dict(result or {})
                 json.dumps(facts)
+                _check_declared(step, facts)
             except (TypeError, ValueError) as bad:
                 exc = TypeError(f"step '{step.name}' returned facts that are not JSON: {bad}")
+            except UndeclaredFact as bad:
+                exc = bad
         if exc is not None:
             error = f"{type(exc).__name__}: {exc}"
             self.journal.append("step_fail", step=step.name, error=error, seconds=seconds)
@@ -316,10 +328,7 @@ class Run:
     # -- plumbing -----------------------------------------------------------------------------
 
     def _timeout(self, step: Step) -> float:
-        policy = getattr(self.components["engine"], "timeouts", {}) or {}
-        return float(
-            self.request.timeouts.get(step.name) or policy.get(step.name) or step.timeout_s
-        )
+        return float(self.request.timeouts.get(step.name) or step.timeout_s)
 
     def _context(self, step: Step, timeout: float, *, compensating: bool) -> StepContext:
         return StepContext(
@@ -327,7 +336,6 @@ class Run:
             spec=self.spec,
             step=step,
             workdir=self.workdir,
-            host=self.host,
             deadline=time.monotonic() + timeout,
             facts=self.facts,
             cancel=self.cancel,
@@ -337,6 +345,7 @@ class Run:
 
     def _progress(self, step: Step) -> Callable[[dict[str, Any]], None]:
         def record(facts: dict[str, Any]) -> None:
+            _check_declared(step, facts)
             self.journal.append("progress", step=step.name, facts=facts)
 
         return record
@@ -407,6 +416,16 @@ class Run:
         )
         receipt.write(self.workdir)
         return receipt
+
+
+def _check_declared(step: Step, facts: Mapping[str, Any]) -> None:
+    """A step may make only the facts it declares: what flows between steps stays readable."""
+    undeclared = sorted(set(facts) - {f.name for f in step.makes})
+    if undeclared:
+        raise UndeclaredFact(
+            f"step '{step.name}' ({step.action}) made {', '.join(undeclared)}, which it does "
+            f"not declare (it makes: {', '.join(f.name for f in step.makes) or 'nothing'})"
+        )
 
 
 __all__ = ["COMPENSATING", "Run", "SpecMachine", "Subscriber"]

@@ -1,24 +1,28 @@
 """Specs as data: steps, the transition graph derived from them, and validation at definition.
 
-A spec is a linear list of steps, some guarded by the request (provider variants). The graph the
-runner drives on `transitions` is derived from the steps, so there is one source of truth for the
-runner, the validation and the diagrams.
+A spec is a linear list of steps, some guarded (coldsnap.machine._guards). The graph the runner
+drives on `transitions` is derived from the steps, so there is one source of truth for the
+runner, the validation and the diagrams. Each driver owns its specs and registers them
+(coldsnap.machine._registry); steps shared by several specs live in coldsnap.machine._steps.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
-from attrs import field, frozen
+from attrs import Attribute, field, frozen
 
 from ._errors import SpecError
+from ._facts import Fact
+from ._guards import Guard, group_members
 
 COMPONENTS = ("driver", "engine", "provider", "artifacts")
-"""The objects a step may call: the snapshot driver, the engine adapter, the weight provider, the
-artifact store. Each is supplied by the embedder (or by coldsnap's defaults)."""
+"""The roles a step may call: the snapshot driver, the engine adapter, the weight provider, the
+artifact store. Each is supplied by the embedder (or built from the registry)."""
 
 PENDING = "pending"
 DONE = "done"
@@ -34,34 +38,61 @@ COMPENSATED = "compensated"
 COMPENSATION_FAILED = "compensation_failed"
 TRIGGERS = (ADVANCE, FAIL, COMPENSATED, COMPENSATION_FAILED)
 
-GUARDS: Mapping[str, Callable[[Any], bool]] = {
-    "native": lambda request: request.provider == "native",
-    "recovery": lambda request: request.provider == "recovery",
-}
-"""Guards select provider variants; each is a predicate over the request."""
-
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-_ACTION = re.compile(r"^(?P<component>[a-z]+)\.(?P<method>[a-z][a-z0-9_]*)$")
+_ACTION = re.compile(rf"^(?P<component>{'|'.join(COMPONENTS)})\.(?P<method>[a-z][a-z0-9_]*)$")
+
+
+def _rule(ok: Callable[[Any], bool], message: str) -> Callable[[Any, Attribute[Any], Any], None]:
+    """An attrs validator that raises SpecError naming the field and the value."""
+
+    def validate(instance: Any, attribute: Attribute[Any], value: Any) -> None:
+        if not ok(value):
+            raise SpecError(f"{type(instance).__name__} field '{attribute.name}': {message}, "
+                            f"got {value!r}")
+
+    return validate
+
+
+def _is_action(value: Any) -> bool:
+    return isinstance(value, str) and _ACTION.match(value) is not None
+
+
+def _facts(value: Any) -> tuple[Fact, ...]:
+    return tuple(value)
 
 
 @frozen
 class Step:
-    """One step: the action it calls, how it is undone, and what to do if interrupted.
+    """One step: the action it calls, how it is undone, what to do if interrupted, and the facts
+    it needs from earlier steps and makes for later ones.
 
     `on_interrupt` says what a resumed machine does when the journal shows this step started but
     never ended: `retry` re-runs it (the action is idempotent), `compensate` rolls the whole
     operation back (its own compensation included, since it may have half happened).
     """
 
-    name: str
-    action: str
+    name: str = field(validator=_rule(lambda v: bool(_NAME.match(v)), "a lower_snake_case name"))
+    action: str = field(validator=_rule(_is_action, "'role.method' with role one of "
+                                        + ", ".join(COMPONENTS)))
     doc: str
-    compensation: str | None = None
+    compensation: str | None = field(
+        default=None,
+        validator=_rule(lambda v: v is None or _is_action(v), "None or 'role.method'"),
+    )
     no_compensation: str | None = None
     side_effect: bool = True
-    when: str | None = None
-    on_interrupt: Literal["retry", "compensate"] = "compensate"
-    timeout_s: float = 60.0
+    when: Guard | None = field(
+        default=None, validator=_rule(lambda v: v is None or isinstance(v, Guard), "a Guard")
+    )
+    on_interrupt: Literal["retry", "compensate"] = field(
+        default="compensate",
+        validator=_rule(lambda v: v in ("retry", "compensate"), "'retry' or 'compensate'"),
+    )
+    timeout_s: float = field(
+        default=60.0, validator=_rule(lambda v: isinstance(v, int | float) and v > 0, "positive")
+    )
+    needs: tuple[Fact, ...] = field(default=(), converter=_facts)
+    makes: tuple[Fact, ...] = field(default=(), converter=_facts)
 
     @property
     def component(self) -> str:
@@ -92,24 +123,28 @@ class Graph:
     transitions: tuple[Transition, ...]
 
 
-def guard_condition(guard: str) -> str:
+def guard_condition(guard: Guard) -> str:
     """The model method name under which a guard is offered to `transitions`."""
-    return f"guard_{guard}"
+    return f"guard_{guard.name}"
 
 
 @frozen
 class Spec:
-    """A capture or restore operation for one driver, validated when it is built."""
+    """A capture or restore operation for one driver, validated when it is built: every check
+    runs and the SpecError lists every problem found, not only the first."""
 
     name: str
-    operation: Literal["capture", "restore"]
-    driver: str
+    operation: Literal["capture", "restore"] = field(
+        validator=_rule(lambda v: v in ("capture", "restore"), "'capture' or 'restore'")
+    )
+    driver: str = field(validator=_rule(lambda v: bool(_NAME.match(v)), "a lower_snake_case name"))
     steps: tuple[Step, ...] = field(converter=tuple)
     doc: str = ""
 
     def __attrs_post_init__(self) -> None:
-        validate_steps(self.name, self.steps)
-        validate_graph(self.graph())
+        problems = [p for check in SPEC_CHECKS for p in check(self)]
+        if problems:
+            raise SpecError("\n".join(f"spec '{self.name}': {p}" for p in problems))
 
     def step(self, name: str) -> Step:
         for step in self.steps:
@@ -117,9 +152,18 @@ class Spec:
                 return step
         raise KeyError(f"spec '{self.name}' has no step '{name}'")
 
-    def selected(self, request: Any) -> tuple[Step, ...]:
-        """The steps a request runs: those whose guard holds (or that have none)."""
-        return tuple(s for s in self.steps if s.when is None or GUARDS[s.when](request))
+    def guards(self) -> tuple[Guard, ...]:
+        return tuple(dict.fromkeys(s.when for s in self.steps if s.when is not None))
+
+    def selected(self, request: Any, components: Mapping[str, Any]) -> tuple[Step, ...]:
+        """The steps a request runs with these components: those whose guard holds."""
+        return tuple(
+            s for s in self.steps if s.when is None or s.when.holds(request, components)
+        )
+
+    def makes(self) -> tuple[Fact, ...]:
+        """Every fact some step of this spec makes."""
+        return tuple(dict.fromkeys(f for s in self.steps for f in s.makes))
 
     def graph(self) -> Graph:
         return _derive_graph(self.name, self.steps)
@@ -149,39 +193,88 @@ def _derive_graph(name: str, steps: tuple[Step, ...]) -> Graph:
     return Graph(name, states, PENDING, TERMINAL_STATES, tuple(transitions))
 
 
-def validate_steps(spec: str, steps: Iterable[Step]) -> None:
-    """Checks each step on its own: names, actions, guards and the compensation rule."""
+# -- checks run when a spec is defined; each yields every problem it finds ----------------------
+
+
+def _check_names(spec: Spec) -> Iterator[str]:
     seen: set[str] = set()
-    for step in steps:
-        where = f"spec '{spec}', step '{step.name}'"
-        if not _NAME.match(step.name):
-            raise SpecError(f"{where}: a step name is lower_snake_case")
+    for step in spec.steps:
         if step.name in RESERVED_STATES:
-            raise SpecError(f"{where}: the name is reserved for the machine's own states")
+            yield f"step '{step.name}': the name is reserved for the machine's own states"
         if step.name in seen:
-            raise SpecError(f"{where}: the name is used twice")
+            yield f"step '{step.name}': the name is used twice"
         seen.add(step.name)
-        for label, action in (("action", step.action), ("compensation", step.compensation)):
-            if action is None:
-                continue
-            match = _ACTION.match(action)
-            if not match or match["component"] not in COMPONENTS:
-                raise SpecError(
-                    f"{where}: {label} '{action}' is not 'component.method' with component "
-                    f"one of {', '.join(COMPONENTS)}"
-                )
-        if step.when is not None and step.when not in GUARDS:
-            raise SpecError(f"{where}: unknown guard '{step.when}' (known: {', '.join(GUARDS)})")
+
+
+def _check_compensations(spec: Spec) -> Iterator[str]:
+    for step in spec.steps:
+        where = f"step '{step.name}'"
         if step.side_effect and not (step.compensation or step.no_compensation):
-            raise SpecError(
-                f"{where}: has a side effect but neither a compensation nor a reason for none"
-            )
+            yield f"{where}: has a side effect but neither a compensation nor a reason for none"
         if step.compensation and step.no_compensation:
-            raise SpecError(f"{where}: has both a compensation and a reason for none")
+            yield f"{where}: has both a compensation and a reason for none"
         if not step.side_effect and step.compensation:
-            raise SpecError(f"{where}: has no side effect, so it cannot have a compensation")
-        if step.timeout_s <= 0:
-            raise SpecError(f"{where}: timeout_s must be positive")
+            yield f"{where}: has no side effect, so it cannot have a compensation"
+
+
+def _check_guard_groups(spec: Spec) -> Iterator[str]:
+    by_name: dict[str, Guard] = {}
+    for guard in spec.guards():
+        if by_name.setdefault(guard.name, guard) is not guard:
+            yield f"two different guards are named '{guard.name}'"
+
+
+def _check_facts(spec: Spec) -> Iterator[str]:
+    """On every combination of guards, each fact a step needs is made by an earlier step."""
+    missing: dict[tuple[str, str], list[str]] = {}
+    for assignment in _guard_paths(spec.guards()):
+        made: set[str] = set()
+        for step in spec.steps:
+            if step.when is not None and not assignment[step.when.name]:
+                continue
+            for need in step.needs:
+                if need.name not in made:
+                    path = ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in assignment.items())
+                    missing.setdefault((step.name, need.name), []).append(path or "always")
+            made.update(f.name for f in step.makes)
+    for (step, need), paths in missing.items():
+        yield (f"step '{step}' needs fact '{need}', which no earlier step makes "
+               f"(when {paths[0]})")
+
+
+def _guard_paths(guards: Iterable[Guard]) -> Iterator[dict[str, bool]]:
+    """Every assignment of the guards: one member of each group holds, the others are free."""
+    groups: dict[str, list[Guard]] = {}
+    free: list[Guard] = []
+    for guard in guards:
+        if guard.group is None:
+            free.append(guard)
+        elif guard.group not in groups:
+            groups[guard.group] = list(group_members(guard.group))
+    choices: list[list[dict[str, bool]]] = [
+        [{g.name: g is chosen for g in members} for chosen in members]
+        for members in groups.values()
+    ]
+    choices += [[{g.name: True}, {g.name: False}] for g in free]
+    for combo in itertools.product(*choices):
+        yield {name: value for part in combo for name, value in part.items()}
+
+
+def _check_graph(spec: Spec) -> Iterator[str]:
+    try:
+        validate_graph(spec.graph())
+    except SpecError as exc:
+        yield str(exc)
+
+
+SPEC_CHECKS: tuple[Callable[[Spec], Iterable[str]], ...] = (
+    _check_names,
+    _check_compensations,
+    _check_guard_groups,
+    _check_facts,
+    _check_graph,
+)
+"""What a spec must satisfy when it is defined."""
 
 
 def validate_graph(graph: Graph) -> None:

@@ -3,7 +3,8 @@
 Installed as the entry point `coldsnap` of group `sglang.srt.plugins` and enabled with
 `SGLANG_PLUGINS=coldsnap` plus `COLDSNAP_MODE=capture|restore`. It meets the orchestrator
 only through SGLang's HTTP endpoints and the files under COLDSNAP_RUNTIME_DIR (status
-records it writes, the resume plan it reads); it never imports coldsnap.machine.
+records it writes, the resume plan it reads: coldsnap._wire); it never imports
+coldsnap.machine.
 """
 
 from ._contracts import (
@@ -24,27 +25,14 @@ from ._memory import (
     MemoryBackendError,
     discard_pages,
 )
-from ._records import (
-    PLAN_FILE,
-    PLAN_KIND,
-    STATUS_KIND,
-    PlanError,
-    ResumePlan,
-    StatusFile,
-    read_plan,
-    status_path,
-    write_plan,
-)
+from ._records import StatusFile
 from ._settings import VARIABLES, Settings, SettingsError, load_settings, unknown_variables
 from ._storages import REGISTRY, RegistryError, StorageRegistry, TensorRecord
 
 __all__ = [
     "CONTRACTS",
     "GROUPS",
-    "PLAN_FILE",
-    "PLAN_KIND",
     "REGISTRY",
-    "STATUS_KIND",
     "VARIABLES",
     "ColdsnapMemorySaverAdapter",
     "Contract",
@@ -52,9 +40,7 @@ __all__ = [
     "HookNotLanded",
     "HostDiscardBackend",
     "MemoryBackendError",
-    "PlanError",
     "RegistryError",
-    "ResumePlan",
     "Settings",
     "SettingsError",
     "StatusFile",
@@ -71,9 +57,6 @@ __all__ = [
     "load_settings",
     "plugin_digest",
     "process_role",
-    "read_plan",
     "register",
-    "status_path",
     "unknown_variables",
-    "write_plan",
 ]

@@ -19,12 +19,15 @@ from typing import Any
 
 import attrs
 
+from coldsnap._errors import PluginError
+from coldsnap._wire import CUDA_GRAPH, KV_CACHE, MEMORY_TAGS, WEIGHTS
+
 SG = "sglang.srt"
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
 ENTRY_POINT_NAME = "coldsnap"
 
 
-class ContractError(RuntimeError):
+class ContractError(PluginError, RuntimeError):
     """The installed SGLang does not offer a contract the plugin relies on."""
 
     def __init__(self, problems: list[tuple[str, str]]) -> None:
@@ -110,24 +113,24 @@ CONTRACTS: tuple[Contract, ...] = (
     _c("memory saver", f"{_TSA}.cuda_graph", "self", runtime_on_cpu=False),
     _c("memory saver", f"{_TSA}.configure_subprocess", "self", runtime_on_cpu=False),
     _c("memory saver", f"{_TSA}.enabled", kind="class", runtime_on_cpu=False),
-    _c("memory saver", f"{SG}.constants.GPU_MEMORY_TYPE_WEIGHTS", kind="value", expected="weights"),
+    _c("memory saver", f"{SG}.constants.GPU_MEMORY_TYPE_WEIGHTS", kind="value", expected=WEIGHTS),
     _c(
         "memory saver",
         f"{SG}.constants.GPU_MEMORY_TYPE_KV_CACHE",
         kind="value",
-        expected="kv_cache",
+        expected=KV_CACHE,
     ),
     _c(
         "memory saver",
         f"{SG}.constants.GPU_MEMORY_TYPE_CUDA_GRAPH",
         kind="value",
-        expected="cuda_graph",
+        expected=CUDA_GRAPH,
     ),
     _c(
         "memory saver",
         f"{SG}.constants.GPU_MEMORY_ALL_TYPES",
         kind="value",
-        expected=["kv_cache", "weights", "cuda_graph"],
+        expected=list(MEMORY_TAGS),
     ),
     # loaders
     _c(

@@ -16,19 +16,22 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from coldsnap._errors import PluginError
+from coldsnap._wire import MEMORY_TAGS
+
 from ._records import StatusFile
 
 logger = logging.getLogger("coldsnap.plugin")
 
 SG = "sglang.srt"
-ALL_TAGS = ("kv_cache", "weights", "cuda_graph")
+ALL_TAGS = MEMORY_TAGS
 
 
-class ResumeFailed(RuntimeError):
+class ResumeFailed(PluginError, RuntimeError):
     """A scheduler rank did not complete the resume; the gate stays closed."""
 
 
-class ReleaseFailed(RuntimeError):
+class ReleaseFailed(PluginError, RuntimeError):
     """A scheduler rank did not complete the release."""
 
 

@@ -15,6 +15,8 @@ import os
 import sys
 from typing import Any
 
+from coldsnap._errors import PluginError
+
 from . import _contracts
 from ._gate import HealthGate
 from ._records import StatusFile
@@ -31,7 +33,7 @@ _ROLE_BY_ENTRY = {
 }
 
 
-class HookNotLanded(RuntimeError):
+class HookNotLanded(PluginError, RuntimeError):
     """A hook was registered but SGLang's registry did not apply it."""
 
 

@@ -19,16 +19,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from coldsnap._errors import PluginError
+from coldsnap._wire import WEIGHTS
+
 from ._storages import REGISTRY, StorageRegistry
 
 logger = logging.getLogger("coldsnap.plugin")
 
-WEIGHTS, KV_CACHE, CUDA_GRAPH = "weights", "kv_cache", "cuda_graph"
 PAGE = mmap.PAGESIZE
 _MADV_DONTNEED = 4
 
 
-class MemoryBackendError(RuntimeError):
+class MemoryBackendError(PluginError, RuntimeError):
     """Released memory cannot be freed the way the settings ask."""
 
 

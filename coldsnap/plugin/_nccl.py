@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from coldsnap._errors import PluginError
 
-class NcclBoundaryError(RuntimeError):
+
+class NcclBoundaryError(PluginError, RuntimeError):
     """The TP group has live NCCL communicators this build cannot take across a checkpoint."""
 
 

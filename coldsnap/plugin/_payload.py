@@ -15,8 +15,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from coldsnap._errors import PluginError
 
-class PayloadRefused(RuntimeError):
+
+class PayloadRefused(PluginError, RuntimeError):
     """The payload cannot fill this model (missing, damaged, other layout); nothing changed."""
 
 

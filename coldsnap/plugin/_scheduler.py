@@ -22,19 +22,22 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from coldsnap._errors import PluginError
+from coldsnap._wire import MEMORY_TAGS, WEIGHTS, read_plan
+
 from . import _nccl, _payload
-from ._memory import HOST_BACKEND, KV_CACHE, WEIGHTS, ColdsnapMemorySaverAdapter
-from ._records import SHAPE_PLAN_FILE, SHAPE_PLAN_FORMAT, SHAPE_PLAN_KIND, StatusFile, read_plan
+from ._memory import HOST_BACKEND, ColdsnapMemorySaverAdapter
+from ._records import SHAPE_PLAN_FILE, SHAPE_PLAN_FORMAT, SHAPE_PLAN_KIND, StatusFile
 from ._settings import Settings
 from ._storages import REGISTRY, RegistryError, StorageRegistry
 
 logger = logging.getLogger("coldsnap.plugin")
 
 SG = "sglang.srt"
-ALL_TAGS = (KV_CACHE, WEIGHTS, "cuda_graph")
+ALL_TAGS = MEMORY_TAGS
 
 
-class ShapeCalibrationError(RuntimeError):
+class ShapeCalibrationError(PluginError, RuntimeError):
     """The decode-graph plan is unrecognised or differs from what was warmed or captured."""
 
 

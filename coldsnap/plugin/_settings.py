@@ -2,7 +2,7 @@
 
 The environment of an SGLang process is fixed when it starts (and frozen into an n610
 image), so per-operation instructions that change between capture and restore are not read
-from here but from files under COLDSNAP_RUNTIME_DIR (see `_plan.py`).
+from here but from files under COLDSNAP_RUNTIME_DIR (see coldsnap._wire).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
+
+from coldsnap._errors import PluginError
 
 MODES = ("off", "capture", "restore")
 LIVE_BACKINGS = ("auto", "torch_memory_saver", "host_discard", "none")
@@ -25,7 +27,7 @@ _FALSE = ("0", "false", "no", "off", "")
 BOOL_VALUES = ("0", "1", "true", "false", "yes", "no", "on", "off")
 
 
-class SettingsError(ValueError):
+class SettingsError(PluginError, ValueError):
     """One or more COLDSNAP_* variables are invalid; each line names one and what it accepts."""
 
     def __init__(self, problems: list[tuple[str, str]]) -> None:

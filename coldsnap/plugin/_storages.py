@@ -13,8 +13,10 @@ from typing import Any
 
 import attrs
 
+from coldsnap._errors import PluginError
 
-class RegistryError(RuntimeError):
+
+class RegistryError(PluginError, RuntimeError):
     """The live model no longer matches its registration (or nothing was registered)."""
 
 

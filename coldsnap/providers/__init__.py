@@ -1,9 +1,9 @@
 """Weight providers: where a restored process gets its weights. `native` refills the exported
 final storages in place; `recovery` reloads a pinned checkpoint plus the captured residual
-state. Uses coldsnap.artifacts only."""
+state. Uses coldsnap.artifacts, and the leaves coldsnap._errors and coldsnap._atomic."""
 
 from ._errors import CheckpointError, HydrationFailed, LayoutMismatch, PackDamaged, ProviderError
-from ._layout import StorageGroup, TensorView, final_tensors, group_storages, layout_digest
+from ._layout import TensorView, final_tensors, layout_digest
 from .native import (
     PREVERIFIED_ENV,
     ExportResult,
@@ -22,7 +22,6 @@ from .native import (
     verify_pack,
 )
 from .recovery import (
-    CheckpointFile,
     PinnedCheckpoint,
     RecoveryReport,
     capture_residual,
@@ -32,7 +31,6 @@ from .recovery import (
 __all__ = [
     "PREVERIFIED_ENV",
     "CheckpointError",
-    "CheckpointFile",
     "ExportResult",
     "Extent",
     "HydrateReport",
@@ -47,13 +45,11 @@ __all__ = [
     "PinnedCheckpoint",
     "ProviderError",
     "RecoveryReport",
-    "StorageGroup",
     "StorePack",
     "TensorView",
     "capture_residual",
     "export_pack",
     "final_tensors",
-    "group_storages",
     "hydrate_pack",
     "import_pack",
     "layout_digest",

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from coldsnap._errors import OperationError
 
-class ProviderError(Exception):
+
+class ProviderError(OperationError):
     """Base of every error the weight providers raise on purpose."""
 
 

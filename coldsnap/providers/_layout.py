@@ -15,6 +15,8 @@ import attrs
 import torch
 from attrs import field, frozen
 
+from coldsnap.artifacts import validate
+
 from ._errors import LayoutMismatch
 
 DTYPES: dict[str, torch.dtype] = {
@@ -34,35 +36,22 @@ def name_problem(value: object) -> str | None:
     return None
 
 
-def _name(_: Any, attribute: attrs.Attribute, value: object) -> None:
-    if problem := name_problem(value):
-        raise ValueError(f"{attribute.name}: {problem}")
+def _dtype_problem(value: object) -> str | None:
+    return None if value in DTYPES else f"unknown dtype {value!r}"
 
 
-def _dtype(_: Any, attribute: attrs.Attribute, value: object) -> None:
-    if value not in DTYPES:
-        raise ValueError(f"{attribute.name}: unknown dtype {value!r}")
-
-
-def _dims(_: Any, attribute: attrs.Attribute, value: tuple[int, ...]) -> None:
-    if len(value) > 64 or any(type(v) is not int or not 0 <= v < 1 << 62 for v in value):
-        raise ValueError(f"{attribute.name}: {value!r} is not a tuple of non-negative integers")
-
-
-def _count(_: Any, attribute: attrs.Attribute, value: object) -> None:
-    if type(value) is not int or not 0 <= value < 1 << 62:
-        raise ValueError(f"{attribute.name}: {value!r} is not a non-negative integer below 2**62")
+_dims = attrs.validators.deep_iterable(validate.count, attrs.validators.max_len(64))
 
 
 @frozen
 class TensorView:
     """One named tensor as a view of its storage (`storage_offset` in elements)."""
 
-    name: str = field(validator=_name)
-    dtype: str = field(validator=_dtype)
+    name: str = field(validator=validate.problem(name_problem))
+    dtype: str = field(validator=validate.problem(_dtype_problem))
     shape: tuple[int, ...] = field(converter=tuple, validator=_dims)
     stride: tuple[int, ...] = field(converter=tuple, validator=_dims)
-    storage_offset: int = field(validator=_count)
+    storage_offset: int = field(validator=validate.count)
 
     def __attrs_post_init__(self) -> None:
         if len(self.shape) != len(self.stride):

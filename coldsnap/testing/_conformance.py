@@ -1,15 +1,17 @@
 """The conformance kit: a hypothesis state machine that a third party runs against its own
 driver, weight provider, engine adapter and store.
 
-Subclass `MachineConformance`, implement `components`, `transient`, `capture_request` and
-`restore_request`, and expose `YourKit.TestCase` to pytest. The kit captures and restores in
-random orders with faults injected at random steps (through proxies, so components need no
-test hooks) and checks what every orchestrator relies on:
+Subclass `MachineConformance`, implement `transient`, `capture_request` and `restore_request`
+(and `components`, unless the registry's factories build what a request names), and expose
+`YourKit.TestCase` to pytest. The kit takes the specs from `registry` (the process-wide one
+unless a subclass sets its own), captures and restores in random orders with faults injected at
+random steps (through proxies, so components need no test hooks) and checks what every
+orchestrator relies on:
 
-- every operation ends in a terminal state; a successful one has every selected step done or
-  skipped;
+- every operation ends in a terminal state; a successful one ran exactly the steps the guards
+  select for its components (none skipped, none compensated), and made only declared facts;
 - a failed operation compensates exactly once per completed step, in reverse order, and leaves
-  no transient resource behind (processes, images, staged payloads);
+  no transient resource behind (processes, images, exports);
 - a capsule restores any number of times, each restore passes acceptance, and stopping a restored
   engine leaves nothing behind.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,23 +35,22 @@ from hypothesis.stateful import (
 )
 
 from coldsnap.machine import (
-    DRIVERS,
-    PROVIDERS,
+    REGISTRY,
     CaptureRequest,
     Machine,
     Receipt,
+    Registry,
     Request,
     RestoreRequest,
     Spec,
-    spec_for,
 )
 
 from ._faults import FaultPlan, inject_faults
 
 
-def expected_compensations(spec: Spec, request: Request, receipt: Receipt) -> list[str]:
+def expected_compensations(spec: Spec, receipt: Receipt) -> list[str]:
     """The compensation order the machines promise for a receipt's forward steps."""
-    steps = {s.name: s for s in spec.selected(request)}
+    steps = {s.name: s for s in spec.steps}
     failed = [r.name for r in receipt.steps if r.status == "failed"]
     done = [r.name for r in receipt.steps if r.status == "done"]
     order = [n for n in failed if steps[n].compensation]
@@ -56,38 +58,51 @@ def expected_compensations(spec: Spec, request: Request, receipt: Receipt) -> li
     return order
 
 
-def check_receipt(spec: Spec, request: Request, receipt: Receipt, fault: str | None) -> None:
-    """The promises every receipt keeps, faulted or not."""
+def check_receipt(
+    spec: Spec,
+    request: Request,
+    components: Mapping[str, Any],
+    receipt: Receipt,
+    fault: str | None,
+) -> None:
+    """The promises every receipt keeps, faulted or not. `components` are those the operation
+    ran with: the guards read their capabilities."""
     assert receipt.outcome in ("done", "rolled_back", "failed"), receipt.outcome
+    selected = spec.selected(request, components)
     if fault is None:
         assert receipt.outcome == "done", (receipt.error, receipt.steps)
-        selected = [s.name for s in spec.selected(request)]
-        assert [r.name for r in receipt.steps] == selected
-        assert all(r.status in ("done", "skipped") for r in receipt.steps)
+        assert [r.name for r in receipt.steps] == [s.name for s in selected]
+        assert all(r.status == "done" for r in receipt.steps), receipt.steps
         assert not receipt.compensations
+        made = {f.name for s in selected for f in s.makes}
+        undeclared = sorted(set(receipt.facts) - made)
+        assert not undeclared, f"facts no selected step declares: {undeclared}"
         return
     assert receipt.outcome == "rolled_back", (receipt.outcome, receipt.error)
     assert fault in (receipt.error or ""), receipt.error
     names = [r.name for r in receipt.compensations]
-    assert names == expected_compensations(spec, request, receipt), names
+    assert names == expected_compensations(spec, receipt), names
     assert len(names) == len(set(names)), f"a compensation ran twice: {names}"
 
 
 class MachineConformance(RuleBasedStateMachine):
-    """Subclass me. `drivers` and `providers` narrow what is exercised."""
+    """Subclass me. `drivers` and `providers` narrow what is exercised (empty: every one the
+    registry holds); `registry` is where the specs (and, by default, the components) come from."""
 
-    drivers: tuple[str, ...] = DRIVERS
-    providers: tuple[str, ...] = PROVIDERS
+    registry: Registry = REGISTRY
+    drivers: tuple[str, ...] = ()
+    providers: tuple[str, ...] = ()
     captured = Bundle("captured")
 
     # -- to implement -------------------------------------------------------------------------
 
-    def components(self, driver: str, provider: str) -> dict[str, Any]:
-        """Fresh components (one host's state may be shared across calls)."""
-        raise NotImplementedError
+    def components(self, request: Request) -> Mapping[str, Any]:
+        """Fresh components for `request` (one host's state may be shared across calls). By
+        default, what the registry's factories build."""
+        return self.registry.components(request).by_role()
 
     def transient(self) -> frozenset[str]:
-        """Live transient resources (processes, images, staged payloads), not capsules."""
+        """Live transient resources (processes, images, exports), not capsules."""
         raise NotImplementedError
 
     def capture_request(
@@ -115,40 +130,37 @@ class MachineConformance(RuleBasedStateMachine):
         self._ops += 1
         return self._tmp / f"{self._ops:04d}-{what}"
 
-    def _fault(self, data: st.DataObject, spec: Spec, request: Request) -> str | None:
-        actions = [s.action for s in spec.selected(request)]
-        return data.draw(st.none() | st.sampled_from(actions), label="fault")
-
-    def _run(self, request: Request, driver: str, provider: str, fault: str | None) -> Receipt:
+    def _run(self, data: st.DataObject, request: Request) -> tuple[Machine, Receipt]:
+        spec = self.registry.spec(request.operation, request.driver)
+        components = self.components(request)
+        actions = [s.action for s in spec.selected(request, components)]
+        fault = data.draw(st.none() | st.sampled_from(actions), label="fault")
         plan = FaultPlan(fail={fault} if fault else set())
-        machine = Machine(**inject_faults(self.components(driver, provider), plan))
+        machine = Machine(**inject_faults(components, plan), registry=self.registry)
         if isinstance(request, CaptureRequest):
-            return machine.capture(request)
-        return machine.restore(request)
+            receipt = machine.capture(request)
+        else:
+            receipt = machine.restore(request)
+        check_receipt(spec, request, components, receipt, fault)
+        return machine, receipt
 
     @rule(target=captured, data=st.data())
     def capture(self, data: st.DataObject) -> Any:
-        driver = data.draw(st.sampled_from(self.drivers), label="driver")
-        provider = data.draw(st.sampled_from(self.providers), label="provider")
+        drivers = self.drivers or self.registry.names("driver")
+        providers = self.providers or self.registry.names("provider")
+        driver = data.draw(st.sampled_from(drivers), label="driver")
+        provider = data.draw(st.sampled_from(providers), label="provider")
         name = f"c{self._ops:04d}"
         request = self.capture_request(self._workdir("capture"), driver, provider, name)
-        spec = spec_for("capture", driver)
-        fault = self._fault(data, spec, request)
-        receipt = self._run(request, driver, provider, fault)
-        check_receipt(spec, request, receipt, fault)
-        return multiple() if fault else (driver, provider, name)
+        _, receipt = self._run(data, request)
+        return (driver, provider, name) if receipt.ok else multiple()
 
     @precondition(lambda self: self._restores < 6)
     @rule(capsule=captured, data=st.data())
     def restore(self, capsule: tuple[str, str, str], data: st.DataObject) -> None:
         driver, provider, name = capsule
         request = self.restore_request(self._workdir("restore"), driver, provider, name)
-        spec = spec_for("restore", driver)
-        fault = self._fault(data, spec, request)
-        plan = FaultPlan(fail={fault} if fault else set())
-        machine = Machine(**inject_faults(self.components(driver, provider), plan))
-        receipt = machine.restore(request)
-        check_receipt(spec, request, receipt, fault)
+        machine, receipt = self._run(data, request)
         if receipt.ok:
             self._restores += 1
             assert self.transient(), "a restored engine should be running"

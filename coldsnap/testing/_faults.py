@@ -8,7 +8,7 @@ from typing import Any
 
 from attrs import define, field
 
-from coldsnap.machine import StepContext
+from coldsnap.machine import COMPONENTS, StepContext
 
 
 class InjectedFault(RuntimeError):
@@ -91,9 +91,11 @@ def _sleep_checked(ctx: StepContext, seconds: float) -> None:
 def inject_faults(
     components: Mapping[str, Any],
     plan: FaultPlan,
-    roles: Iterable[str] = ("driver", "engine", "provider", "artifacts"),
+    roles: Iterable[str] = COMPONENTS,
 ) -> dict[str, Any]:
-    """Wraps each component so that the plan decides which of its step calls fail."""
+    """Wraps each component so that the plan decides which of its step calls fail. A proxy
+    passes everything else through (`name`, `capabilities`, `launcher`, `build()`), so guards
+    and the Machine's checks see the component itself."""
     return {
         role: _Faulty(role, comp, plan) if role in roles else comp
         for role, comp in components.items()

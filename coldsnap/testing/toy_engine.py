@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from coldsnap import _wire as wire
 from coldsnap.plugin._memory import discard_pages
-from coldsnap.plugin._records import PLAN_FILE, read_plan
 from coldsnap.providers import PackDirectory, export_pack, hydrate_pack
 
 CONFIG = "config.json"
@@ -100,7 +100,7 @@ class ToyEngine:
             return out
 
     def release(self, tags: list[str]) -> None:
-        if "weights" in tags and "weights" not in self.released:
+        if wire.WEIGHTS in tags and wire.WEIGHTS not in self.released:
             if self.export and self.artifact_dir is not None:
                 target = self.artifact_dir / PAYLOAD_ROLE
                 if not (target / "index.json").exists():
@@ -110,9 +110,9 @@ class ToyEngine:
         self.released |= set(tags)
 
     def resume(self, tags: list[str]) -> None:
-        planned = self.runtime_dir is not None and (self.runtime_dir / PLAN_FILE).exists()
-        if "weights" in tags and "weights" in self.released and planned:
-            plan = read_plan(self.runtime_dir)  # type: ignore[arg-type]
+        planned = self.runtime_dir is not None and (self.runtime_dir / wire.PLAN_FILE).exists()
+        if wire.WEIGHTS in tags and wire.WEIGHTS in self.released and planned:
+            plan = wire.read_plan(self.runtime_dir)  # type: ignore[arg-type]
             if plan.provider == "native":
                 hydrate_pack(self.tensors, PackDirectory(Path(plan.payload_dir) / PAYLOAD_ROLE))
             else:
@@ -140,14 +140,14 @@ def _handler(engine: ToyEngine) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             if self.path in ("/health", "/ready"):
-                healthy = "weights" not in engine.released
+                healthy = wire.WEIGHTS not in engine.released
                 self._reply(200 if healthy else 503, {"healthy": healthy})
             else:
                 self._reply(404, {"error": self.path})
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-            tags = body.get("tags") or ["weights", "kv_cache", "cuda_graph"]
+            tags = body.get("tags") or list(wire.MEMORY_TAGS)
             with engine.lock:
                 if self.path == "/generate":
                     ids = body.get("input_ids") or list(body.get("text", "").encode())

@@ -11,14 +11,19 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from coldsnap._errors import RefusedError
 from coldsnap.artifacts import (
+    ArtifactError,
     EngineBuild,
     FileDigest,
     Identity,
+    IncompatibleArtifact,
+    IntegrityError,
     ModelBinding,
     Platform,
     RecordError,
     SnapshotDriver,
+    StoreError,
     Topology,
     capture_identity,
     checkpoint_digests,
@@ -160,7 +165,9 @@ def test_damaged_identity_json_is_refused_with_its_field(make_identity, path, ju
     data[path[0]] = junk
     with pytest.raises(RecordError) as info:
         from_json(data, Identity)
-    assert any(f.split(".")[0].split("[")[0] in (path[0], "$") for f in info.value.fields)
+    assert info.value.fields and all(
+        f.split(".")[0].split("[")[0] == path[0] for f in info.value.fields
+    ), str(info.value)
 
 
 def test_strings_are_not_coerced_to_ints(make_identity):
@@ -182,3 +189,25 @@ def test_collect_platform_on_a_gpu():
     assert platform.capacity_gib == round(torch.cuda.get_device_properties(0).total_memory / 2**30)
     assert platform.cuda_runtime == torch.version.cuda
     assert platform.nccl_version is not None and platform.nccl_version.count(".") == 2
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: SnapshotDriver("N-9", "1"), "name: 'N-9' is not a driver's name"),
+        (lambda: FileDigest("a.json", "sha256:" + "ab" * 32, -1), "size: a non-negative integer"),
+        (lambda: Topology(tp=1, pp=1, rank=True, world_size=1), "rank: a non-negative integer"),
+        (lambda: Platform(driver_major=0), "driver_major: a positive integer is required, got 0"),
+        (lambda: EngineBuild("sglang", " ", "c"), "version: a non-empty string is required"),
+    ],
+)
+def test_each_field_rule_names_its_field(build, message):
+    with pytest.raises(ValueError) as info:
+        build()
+    assert str(info.value).startswith(message)
+
+
+def test_artifact_errors_are_refusals():
+    assert issubclass(ArtifactError, RefusedError) and issubclass(RecordError, ValueError)
+    for error in (RecordError, StoreError, IntegrityError, IncompatibleArtifact):
+        assert issubclass(error, ArtifactError)

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from coldsnap import _atomic
 from coldsnap.artifacts import (
     Capsule,
     IntegrityError,
@@ -29,7 +30,6 @@ from coldsnap.artifacts import (
     member_name_problem,
     to_json,
 )
-from coldsnap.artifacts import _fs as store_fs
 
 
 def sha(data: bytes) -> str:
@@ -185,18 +185,19 @@ def test_publish_checks_members_and_is_all_or_nothing(tmp_path, monkeypatch):
         store.publish(Capsule(members=(Member("pack", "a", present, 8),)))
     assert store.capsules() == [] and store.tags() == {}
 
-    real = store_fs.durable_replace
+    real = _atomic.durable_replace
 
     def crash(tmp, final):
         if final.parent.name == "capsules":
             raise OSError("power cut")
         real(tmp, final)
 
-    monkeypatch.setattr(store_fs, "durable_replace", crash)
+    monkeypatch.setattr(_atomic, "durable_replace", crash)
     with pytest.raises(OSError, match="power cut"):
         store.publish(Capsule(members=(Member("pack", "a", present, 7),)), tag="x")
     assert store.capsules() == [] and store.tags() == {}
-    monkeypatch.setattr(store_fs, "durable_replace", real)
+    assert os.listdir(store.root / "tmp") == []  # the marker's temporary file is gone too
+    monkeypatch.setattr(_atomic, "durable_replace", real)
     digest = store.publish(Capsule(members=(Member("pack", "a", present, 7),)), tag="x")
     assert store.capsules() == [digest] and store.resolve("x") == digest
 
@@ -379,3 +380,13 @@ def test_damaged_capsule_manifests_are_refused(damage):
     with pytest.raises(RecordError) as info:
         from_json(data, Capsule)
     assert str(info.value).startswith("coldsnap.capsule: ")
+    named = {
+        "name": "members[0].name",
+        "digest": "members[0].digest",
+        "size": "members[0].size",
+        "duplicate": "members",
+        "extra": "members[0]",
+        "kind": "kind",
+        "format": "format",
+    }
+    assert info.value.fields == (named[what],), str(info.value)

@@ -161,6 +161,7 @@ def test_image_with_its_own_pid_namespace_restores_many_copies_at_once(
     try:
         ready = wait_for_line(log, r"ready pid=(\d+) checksum=(\d+)")
         assert int(ready[1]) == 1  # the target is its namespace's init
+        at_dump = int(ask(proc.pid, log, REPORT)[2])
         manifest = criu.dump(proc.pid, tmp_path / "image")
     finally:
         proc.stop(timeout=5)
@@ -168,9 +169,22 @@ def test_image_with_its_own_pid_namespace_restores_many_copies_at_once(
     copies = [criu.restore(tmp_path / "image") for _ in range(3)]
     restored.extend(copies)
     assert len({c.pid for c in copies}) == 3 and all(c.new_pid_namespace for c in copies)
-    for copy in copies:
-        report = ask(copy.pid, log, rf"report pid=1 count=(\d+) checksum={ready[2]}")
-        assert int(report[1]) >= 0
+    mine = rf"report pid=1 count=(\d+) checksum={ready[2]}"
+    for copy in copies:  # each copy is the dumped state, and runs on by itself
+        first = int(ask(copy.pid, log, mine)[1])
+        assert first >= at_dump
+        assert _counts_past(copy.pid, log, mine, first)
+
+
+def _counts_past(pid: int, log: Path, pattern: str, count: int, timeout: float = 10.0) -> bool:
+    """Whether the counter `pid` reports a count above `count` within `timeout` (it counts
+    every 5 ms while it runs; a busy host may not run it for a while)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if int(ask(pid, log, pattern)[1]) > count:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def test_a_tree_left_stopped_stops_on_sigterm(criu: Criu, counter_image: CounterImage) -> None:

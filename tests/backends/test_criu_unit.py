@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import os
+import pickle
 import struct
 from pathlib import Path
 
 import pytest
 
-from coldsnap.backends import Criu, CriuUnavailable, CriuVersion, DumpManifest, SavedFile
-from coldsnap.backends._images import read_file_paths, read_pstree
+from coldsnap._errors import ColdsnapError, OperationError
+from coldsnap.backends import (
+    BackendError,
+    Criu,
+    CriuError,
+    CriuUnavailable,
+    CriuVersion,
+    DumpManifest,
+    GpuMappingFound,
+    LaunchError,
+    PidCollision,
+    SavedFile,
+)
+from coldsnap.backends._files import put_back, saved_name
+from coldsnap.backends._images import ImageFormatError, read_file_paths, read_pstree
 from coldsnap.backends._log import first_error
 from coldsnap.backends._records import read_record, write_record
 
@@ -129,3 +144,53 @@ def test_image_reader(tmp_path: Path) -> None:
         _image([reg("/dev/shm/a"), reg("/usr/lib/b.so"), reg("/dev/shm/a")])
     )
     assert read_file_paths(tmp_path) == ("/dev/shm/a", "/usr/lib/b.so")
+
+
+def test_a_truncated_image_is_an_image_format_error(tmp_path: Path) -> None:
+    (tmp_path / "pstree.img").write_bytes(_image([_field(1, 1000)])[:-1])
+    with pytest.raises(ImageFormatError, match="truncated entry") as info:
+        read_pstree(tmp_path)
+    assert isinstance(info.value, BackendError) and isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        CriuError("restore", "exited with 1", Path("/w/restore.log"), "Error (x.c:1): no", 1),
+        CriuUnavailable("version", "no criu binary found"),
+        PidCollision(42, "process 'python'"),
+        GpuMappingFound(7, "/dev/nvidia0"),
+        LaunchError("launch: argv is empty"),
+    ],
+)
+def test_backend_errors_are_operation_errors_that_keep_their_fields(error) -> None:
+    assert isinstance(error, BackendError) and isinstance(error, OperationError)
+    assert isinstance(error, ColdsnapError)
+    copy = pickle.loads(pickle.dumps(error))  # they cross process boundaries whole
+    assert type(copy) is type(error) and str(copy) == str(error)
+
+
+def test_criu_error_message_names_the_first_error_and_the_log() -> None:
+    error = CriuError("restore", "exited with 1", Path("/w/restore.log"), "Error (x.c:1): no", 1)
+    assert str(error) == (
+        "criu restore: exited with 1; first error: Error (x.c:1): no; whole log: /w/restore.log"
+    )
+    assert str(CriuError("dump", "timed out after 5 s")) == "criu dump: timed out after 5 s"
+
+
+def test_put_back_replaces_the_file_whole_with_its_mode_and_times(tmp_path: Path) -> None:
+    path = tmp_path / "shm" / "sglang_loads_1.shm"
+    saved = tmp_path / "image" / saved_name(str(path))
+    saved.parent.mkdir(parents=True)
+    saved.write_bytes(b"at dump" * 100)
+    os.chmod(saved, 0o640)
+    os.utime(saved, ns=(1_000_000_000, 2_000_000_000))
+    path.parent.mkdir()
+    path.write_bytes(b"changed later")
+    with open(path, "rb") as held:  # a process that still has the old file keeps it
+        put_back(tmp_path / "image", str(path))
+        assert held.read() == b"changed later"
+    assert path.read_bytes() == b"at dump" * 100
+    st = path.stat()
+    assert (oct(st.st_mode & 0o777), st.st_mtime_ns) == ("0o640", 2_000_000_000)
+    assert sorted(os.listdir(path.parent)) == [path.name]  # no temporary file left

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import enum
 import os
+import pickle
 import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from coldsnap.backends import BackendError, CudaCheckpoint, CudaCheckpointError
+from coldsnap._errors import OperationError
+from coldsnap.backends import BackendError, CudaCheckpoint, CudaCheckpointError, cuda_checkpoint
 from coldsnap.backends.cuda_checkpoint import is_stopped
 
 
@@ -182,10 +185,34 @@ def test_is_stopped_reads_the_process_state():
     assert not is_stopped(sleeper.pid)  # gone
 
 
-def test_the_real_bindings_are_probed_without_raising():
-    # On a CPU machine cuda-bindings is absent or finds no driver: False, never an exception.
-    result = CudaCheckpoint().available()
-    assert isinstance(result, bool)
+def test_an_unusable_install_is_reported_not_raised(monkeypatch):
+    """Missing bindings, or bindings that fail in an unexpected way, make `problem()` say why
+    and `available()` False; neither raises."""
+
+    def no_bindings():
+        raise ImportError("No module named 'cuda'")
+
+    monkeypatch.setattr(cuda_checkpoint, "_load_driver", no_bindings)
+    cuda = CudaCheckpoint()
+    assert not cuda.available()
+    assert cuda.problem() == "cuda init: cuda-bindings is not importable (No module named 'cuda')"
+
+    class Broken(FakeDriver):
+        def cuInit(self, flags: int) -> tuple[CUresult]:
+            raise RuntimeError("libcuda.so: cannot open shared object file")
+
+    cuda = CudaCheckpoint(Broken())
+    assert not cuda.available()
+    assert cuda.problem() == (
+        "cuda checkpoint API unusable: RuntimeError: libcuda.so: cannot open shared object file"
+    )
+
+
+@pytest.mark.skipif(Path("/dev/nvidiactl").exists(), reason="an NVIDIA driver is loaded here")
+def test_the_real_bindings_say_why_they_are_unusable_without_a_driver():
+    cuda = CudaCheckpoint()
+    assert cuda.available() is False
+    assert (cuda.problem() or "").startswith(("cuda init:", "cuda checkpoint API unusable:"))
 
 
 # -- one process ------------------------------------------------------------------------
@@ -339,9 +366,30 @@ def test_restore_all_refuses_a_pid_without_cuda_state_but_still_unlocks_the_rest
     assert states(driver) == {1: "running"}
 
 
-def test_lock_all_and_unlock_all():
+def test_lock_all_locks_the_cuda_pids_and_restore_all_unlocks_them():
     cuda, driver = make(p1=RUNNING, p2=RUNNING)
     assert cuda.lock_all([1, 2, 3], 1.0) == [1, 2]
     assert states(driver) == {1: "locked", 2: "locked"}
-    assert cuda.unlock_all([1, 2]) == [1, 2]
+    assert driver.lock_timeouts == [1000, 1000]
+    assert cuda.restore_all([1, 2]) == [1, 2]  # nothing to restore: only unlocked
     assert states(driver) == {1: "running", 2: "running"}
+    assert [op for op, _ in driver.calls] == ["lock", "lock", "unlock", "unlock"]
+
+
+def test_errors_are_operation_errors_with_fields():
+    cuda, _ = make(p1=RUNNING)
+    with pytest.raises(OperationError) as info:
+        cuda.checkpoint(1)
+    error = info.value
+    assert isinstance(error, CudaCheckpointError) and isinstance(error, BackendError)
+    assert (error.operation, error.pid, error.state, error.result) == (
+        "checkpoint",
+        1,
+        "running",
+        None,
+    )
+    assert str(error) == (
+        "cuda checkpoint pid 1: cannot checkpoint a running process: lock it first; "
+        "process state running"
+    )
+    assert pickle.loads(pickle.dumps(error)).state == "running"

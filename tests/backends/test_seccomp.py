@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import platform
 import re
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -39,10 +40,44 @@ def _probe_with_filter(install: bool) -> re.Match:
     return match
 
 
-def test_program_shape() -> None:
-    program = io_uring_filter()
-    assert len(program) == 10 * 8  # ten struct sock_filter instructions
-    assert IO_URING_SETUP == 425
+def _run_bpf(program: bytes, *, arch: int, nr: int) -> int:
+    """What the kernel's classic-BPF interpreter returns for one syscall, for the three
+    instructions the filter uses (load a seccomp_data word, jump if equal, return)."""
+    insns = [struct.unpack_from("=HBBI", program, at) for at in range(0, len(program), 8)]
+    data = {0: nr, 4: arch}  # seccomp_data: nr at offset 0, arch at 4
+    accumulator, pc = 0, 0
+    while True:
+        code, jt, jf, k = insns[pc]
+        if code == 0x20:  # BPF_LD | BPF_W | BPF_ABS
+            accumulator = data[k]
+        elif code == 0x15:  # BPF_JMP | BPF_JEQ | BPF_K
+            pc += jt if accumulator == k else jf
+        elif code == 0x06:  # BPF_RET | BPF_K
+            return k
+        else:
+            raise AssertionError(f"instruction {pc}: unexpected opcode {code:#x}")
+        pc += 1
+
+
+X86_64, I386, X32_BIT, ALLOW = 0xC000003E, 0x40000003, 0x40000000, 0x7FFF0000
+ENOSYS = 0x00050000 | errno.ENOSYS
+
+
+@pytest.mark.parametrize(
+    ("arch", "nr", "expected"),
+    [
+        (X86_64, IO_URING_SETUP, ENOSYS),
+        (X86_64, X32_BIT | IO_URING_SETUP, ENOSYS),  # the x32 ABI, same number
+        (I386, IO_URING_SETUP, ENOSYS),
+        (X86_64, 39, ALLOW),  # getpid
+        (X86_64, IO_URING_SETUP + 1, ALLOW),  # io_uring_enter: harmless without a ring
+        (I386, 20, ALLOW),  # getpid on i386
+        (0xC00000B7, IO_URING_SETUP, ALLOW),  # aarch64: other numbers, not ours to judge
+    ],
+)
+def test_the_filter_refuses_only_io_uring_setup_on_each_x86_abi(arch, nr, expected) -> None:
+    assert IO_URING_SETUP == 425  # the same number for x86_64, x32 and i386
+    assert _run_bpf(io_uring_filter(), arch=arch, nr=nr) == expected
 
 
 def test_io_uring_setup_gets_enosys_and_other_syscalls_work() -> None:

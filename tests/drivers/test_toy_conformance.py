@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from coldsnap.assembly import components
 from coldsnap.testing import MachineConformance
 from coldsnap.testing.toy_engine import build_toy_model
 
@@ -18,13 +17,15 @@ pytestmark = [needs_criu, pytest.mark.criu, pytest.mark.slow]
 
 
 class ToyConformance(MachineConformance):
+    """The registered components (the real drivers, providers and store, and the toy engine
+    through the SGLang adapter), built by the registry for each request."""
+
+    drivers = ("n580", "n610")
+    providers = ("native", "recovery")
+
     def __init__(self) -> None:
         super().__init__()
         self.model = build_toy_model(self._tmp / "model", hidden=256, layers=2)
-
-    def components(self, driver: str, provider: str) -> dict:
-        request = capture_request(self._tmp, self.model, driver, provider, "x")
-        return components(request)
 
     def transient(self) -> frozenset[str]:
         return live_engines()

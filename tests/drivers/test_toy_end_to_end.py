@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from coldsnap import Machine
-from coldsnap.assembly import components
+from coldsnap._wire import ResumePlan, write_plan
 from coldsnap.backends import Criu
+from coldsnap.engines import EngineClient
+from coldsnap.testing.toy import TOY_POLICY
 from coldsnap.testing.toy_engine import build_toy_model
 
 from ._toy import (
@@ -44,12 +46,12 @@ def cold(model: Path) -> list[list[int]]:
 def test_capture_then_restore_twice_answers_like_a_cold_start(root, model, cold, driver, provider):
     name = f"{driver}-{provider}"
     request = capture_request(root, model, driver, provider, name)
-    receipt = Machine(**components(request)).capture(request)
+    receipt = Machine.for_request(request).capture(request)
     assert receipt.ok, receipt.error
     assert not live_engines(), "the source was not retired"
     for attempt in range(2):
         restore = restore_request(root, model, driver, provider, name, f"res-{name}-{attempt}")
-        machine = Machine(**components(restore))
+        machine = Machine.for_request(restore)
         restored = machine.restore(restore)
         assert restored.ok, restored.error
         try:
@@ -63,18 +65,14 @@ def test_capture_then_restore_twice_answers_like_a_cold_start(root, model, cold,
 def test_the_n610_image_leaves_the_weights_out(root, model):
     """The capsule's image against a dump of the same engine with its weights resident."""
     request = capture_request(root, model, "n610", "recovery", "size", keep_source=True)
-    comps = components(request)
-    receipt = Machine(**comps).capture(request)
+    machine = Machine.for_request(request)
+    receipt = machine.capture(request)
     assert receipt.ok, receipt.error
     weights = sum(p.stat().st_size for p in model.glob("*.safetensors"))
     pid = receipt.facts["engine_pid"]
     try:
         # The kept source has its weights released: resume them from the checkpoint to get the
         # baseline of a whole-process dump that keeps them.
-        from coldsnap.assembly import TOY_POLICY
-        from coldsnap.engines import EngineClient
-        from coldsnap.plugin import ResumePlan, write_plan
-
         write_plan(
             Path(receipt.facts["runtime_dir"]),
             ResumePlan(provider="recovery", checkpoint=str(model)),
@@ -83,19 +81,19 @@ def test_the_n610_image_leaves_the_weights_out(root, model):
             client.resume(["weights"])
         baseline = Criu().dump(pid, root / "baseline-image", leave_running=False)
     finally:
-        comps["driver"].processes.stop(pid)
+        machine.components["driver"].processes.stop(pid)
     saved = baseline.image_bytes - receipt.facts["image_bytes"]
     assert saved >= 0.9 * weights, (baseline.image_bytes, receipt.facts["image_bytes"], weights)
 
 
 def test_a_restore_over_a_live_source_names_the_pid_and_rolls_back(root, model):
     request = capture_request(root, model, "n610", "native", "collide", keep_source=True)
-    comps = components(request)
-    receipt = Machine(**comps).capture(request)
+    machine = Machine.for_request(request)
+    receipt = machine.capture(request)
     assert receipt.ok, receipt.error
     try:
         restore = restore_request(root, model, "n610", "native", "collide", "res-collide")
-        restored = Machine(**components(restore)).restore(restore)
+        restored = Machine.for_request(restore).restore(restore)
         assert restored.outcome == "rolled_back"
         assert (
             f"PID {receipt.facts['engine_pid']}" in restored.error
@@ -103,5 +101,5 @@ def test_a_restore_over_a_live_source_names_the_pid_and_rolls_back(root, model):
         ), restored.error
         assert "process_restore" in [s.name for s in restored.steps if s.status == "failed"]
     finally:
-        comps["driver"].processes.stop(receipt.facts["engine_pid"])
+        machine.components["driver"].processes.stop(receipt.facts["engine_pid"])
     assert not live_engines()

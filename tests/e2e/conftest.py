@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from coldsnap.engines import EngineClient
+from coldsnap.engines.sglang import SGLANG_POLICY
 from coldsnap.machine import CaptureRequest, ModelRef, Receipt, RestoreRequest
 
 # Greedy answers to these must be equal, token for token, on a cold server and every restore.
@@ -27,9 +28,10 @@ SAMPLED_PROMPT = "seven wizards quietly"
 
 
 def _pristine_env() -> dict[str, str]:
-    """This session's environment without what `sglang_cpu.activate()` adds to it, for
-    commands that must run as from a fresh shell."""
-    from coldsnap.testing.sglang_cpu import PYTHONPATH_DIR
+    """This session's environment without what the SGLang adapter's CPU support
+    (`coldsnap.engines.sglang.cpu.activate()`) adds to it, for commands that must run as from a
+    fresh shell."""
+    from coldsnap.engines.sglang.cpu import PYTHONPATH_DIR
 
     env = dict(os.environ)
     env.pop("SGLANG_USE_CPU_ENGINE", None)
@@ -57,17 +59,12 @@ def _why_not() -> str | None:
 
 @pytest.fixture(scope="session")
 def e2e_ready() -> None:
-    """Skips without CRIU or SGLang; readies this process for SGLang on a CPU host (the
-    orchestrator imports SGLang to compute the engine's contract digest)."""
+    """Skips without CRIU or SGLang. (Building the SGLang adapter, `Machine.for_request`,
+    readies this process for SGLang on a CPU host: the orchestrator imports SGLang for the
+    engine's contract digest.)"""
     reason = _why_not()
     if reason:
         pytest.skip(reason)
-    import torch
-
-    if torch.version.cuda is None:
-        from coldsnap.testing.sglang_cpu import activate
-
-        activate()
 
 
 def model_ref(path: Path, model_id: str = "tiny-llama") -> ModelRef:
@@ -104,13 +101,13 @@ def restore_request(
 
 
 def answers(url: str) -> list[tuple[int, ...]]:
-    with EngineClient(url) as client:
+    with EngineClient(url, SGLANG_POLICY) as client:
         return [client.generate(p, max_new_tokens=MAX_NEW_TOKENS).token_ids for p in PROMPTS]
 
 
 def sampled(url: str) -> tuple[int, ...]:
     """One request sampled at temperature 1 with no seed: it draws from the engine's RNG."""
-    with EngineClient(url) as client:
+    with EngineClient(url, SGLANG_POLICY) as client:
         return client.generate(
             SAMPLED_PROMPT, max_new_tokens=24, greedy=False, sampling={"temperature": 1.0}
         ).token_ids

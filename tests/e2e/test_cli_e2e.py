@@ -1,7 +1,7 @@
 """The command line as a user runs it, from a shell that has not been readied for SGLang:
 `coldsnap demo` once (a real cold start, capture and restore of a tiny SGLang server; it prints
-the times, their ratio and the capsule size, and leaves nothing behind), its dry run, and a
-`coldsnap capture` of a real SGLang server from a request file."""
+the times, their ratio and the capsule size, and leaves nothing behind), and `coldsnap plan`
+then `coldsnap capture` of a real SGLang server from one request file."""
 
 from __future__ import annotations
 
@@ -16,9 +16,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-from click.testing import CliRunner
-
-from coldsnap.cli import main
 
 from .conftest import PRISTINE_ENV
 
@@ -62,7 +59,6 @@ def test_the_demo_prints_cold_start_restore_and_their_ratio(e2e_ready: None) -> 
     done = _cli("demo", marker=marker)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr[-4000:]
-    assert "DRY RUN" not in out
     cold = _figure("cold start to first answer", "s", out)
     restore = _figure("restore to first answer", "s", out)
     ratio = _figure("ratio", "x", out)
@@ -76,15 +72,8 @@ def test_the_demo_prints_cold_start_restore_and_their_ratio(e2e_ready: None) -> 
     assert not _marked(marker), "the demo left processes running"
 
 
-def test_the_dry_run_says_it_is_one() -> None:
-    result = CliRunner().invoke(main, ["demo", "--dry-run"])
-    assert result.exit_code == 0, result.output
-    assert result.output.startswith("DRY RUN")
-    assert result.output.rstrip().endswith("all four specs.")
-
-
 def test_the_cli_captures_a_real_sglang_server(e2e_ready: None, tmp_path: Path) -> None:
-    from coldsnap.testing.models import build_model
+    from coldsnap.tiny_models import build_model
 
     info = build_model(tmp_path / "model", arch="llama", size="tiny", seed=0)
     request = {
@@ -100,6 +89,10 @@ def test_the_cli_captures_a_real_sglang_server(e2e_ready: None, tmp_path: Path) 
     }
     (tmp_path / "capture.json").write_text(json.dumps(request))
     marker = uuid.uuid4().hex
+    planned = _cli("plan", str(tmp_path / "capture.json"), marker=marker)
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    assert planned.stdout.startswith("capture-n610: driver n610, provider recovery")
+    assert not (tmp_path / "capture").exists(), "plan started the operation"
     try:
         done = _cli("capture", str(tmp_path / "capture.json"), marker=marker)
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from attrs import frozen
 
 from coldsnap import Machine
-from coldsnap.cli._components import real_components
 
 from .conftest import (
     answers,
@@ -45,7 +45,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def tiny(e2e_ready: None, root: Path) -> Path:
-    from coldsnap.testing.models import build_model
+    from coldsnap.tiny_models import build_model
 
     return build_model(root / "tiny-llama", arch="llama", size="tiny", seed=0).path
 
@@ -63,61 +63,77 @@ def cold(tiny: Path, root: Path) -> list[tuple[int, ...]]:
         server.stop()
 
 
-@pytest.fixture(scope="module")
-def replicas() -> dict[str, list[tuple[int, ...]]]:
-    """Per variant, what each restore of its capsule sampled (filled by the restore test)."""
-    return {}
+@frozen
+class Restored:
+    """What one restore of a capsule answered, and what it left running once stopped."""
+
+    answers: list[tuple[int, ...]]
+    acceptance_tokens: list[int]
+    sampled: tuple[int, ...]
+    left_running: list[str]
 
 
-@pytest.mark.parametrize(("driver", "provider"), VARIANTS)
-def test_one_capsule_restores_twice_and_answers_like_a_cold_start(
-    root: Path,
-    tiny: Path,
-    cold: list[tuple[int, ...]],
-    replicas: dict[str, list[tuple[int, ...]]],
-    driver: str,
-    provider: str,
-) -> None:
+@frozen
+class Variant:
+    """One capture of a driver/provider pair and two restores of its capsule, the second after
+    the first was stopped. Everything it started is stopped before the fixture returns."""
+
+    name: str
+    acceptance_tokens: list[int]
+    source_left_running: list[str]
+    restores: tuple[Restored, ...]
+
+
+@pytest.fixture(scope="module", params=VARIANTS, ids=[f"{d}-{p}" for d, p in VARIANTS])
+def variant(request: pytest.FixtureRequest, root: Path, tiny: Path) -> Variant:
+    driver, provider = request.param
     name = f"{driver}-{provider}"
     base = root / name
     base.mkdir()
     model = model_ref(tiny)
     try:
-        request = capture_request(base, model, driver, provider, name)
-        receipt = Machine(**real_components(request)).capture(request)
+        capture = capture_request(base, model, driver, provider, name)
+        receipt = Machine.for_request(capture).capture(capture)
         assert receipt.ok, why(receipt)
         dirs, pids = watch(receipt)
-        assert not leftovers(dirs, pids), "the capture's source was not retired"
+        source_left = leftovers(dirs, pids)
+        restores = []
         for attempt in range(2):
             restore = restore_request(base, model, driver, provider, name, f"res-{attempt}")
-            machine = Machine(**real_components(restore))
+            machine = Machine.for_request(restore)
             restored = machine.restore(restore)
             assert restored.ok, why(restored)
             more_dirs, more_pids = watch(restored)
             dirs, pids = dirs | more_dirs, pids | more_pids
             try:
-                assert answers(restored.facts["engine_url"]) == cold
-                assert restored.facts["acceptance_tokens"] == receipt.facts["acceptance_tokens"]
-                replicas.setdefault(name, []).append(sampled(restored.facts["engine_url"]))
+                url = restored.facts["engine_url"]
+                got, draw = answers(url), sampled(url)
             finally:
                 machine.stop(restored)
-            assert not leftovers(dirs, pids), f"restore {attempt} left processes running"
+            restores.append(
+                Restored(got, restored.facts["acceptance_tokens"], draw, leftovers(dirs, pids))
+            )
+        return Variant(name, receipt.facts["acceptance_tokens"], source_left, tuple(restores))
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.mark.parametrize(("driver", "provider"), VARIANTS)
-def test_replicas_of_one_capsule_do_not_share_a_sampling_stream(
-    e2e_ready: None, replicas: dict[str, list[tuple[int, ...]]], driver: str, provider: str
+def test_one_capsule_restores_twice_and_answers_like_a_cold_start(
+    variant: Variant, cold: list[tuple[int, ...]]
 ) -> None:
+    assert not variant.source_left_running, "the capture's source was not retired"
+    for attempt, restored in enumerate(variant.restores):
+        assert restored.answers == cold, f"restore {attempt}"
+        assert restored.acceptance_tokens == variant.acceptance_tokens, f"restore {attempt}"
+        assert not restored.left_running, f"restore {attempt} left processes running"
+
+
+def test_replicas_of_one_capsule_do_not_share_a_sampling_stream(variant: Variant) -> None:
     """Every restore of an image starts from the same RNG state (sglang-criu-facts.md); unless
     the product reseeds, two replicas sample the same tokens for the same unseeded request."""
-    drawn = replicas.get(f"{driver}-{provider}", [])
-    if len(drawn) < 2:
-        pytest.skip("the two restores of this variant did not run")
-    first, second = drawn
+    first, second = (restored.sampled for restored in variant.restores)
     assert first != second, (
-        f"{driver}/{provider}: both restores sampled {list(first)} at temperature 1: "
+        f"{variant.name}: both restores sampled {list(first)} at temperature 1: "
         "the restored replicas share one random stream (not reseeded after restore)"
     )
 
@@ -126,10 +142,11 @@ def test_the_n610_capsule_of_the_small_model_leaves_the_weights_out(
     e2e_ready: None, root: Path
 ) -> None:
     """The capsule's image against a dump of the same tree with weights and KV cache back."""
+    from coldsnap._wire import KV_CACHE, WEIGHTS, ResumePlan, write_plan
     from coldsnap.backends import Criu
     from coldsnap.engines import EngineClient
-    from coldsnap.plugin import ResumePlan, write_plan
-    from coldsnap.testing.models import build_model
+    from coldsnap.engines.sglang import SGLANG_POLICY
+    from coldsnap.tiny_models import build_model
 
     info = build_model(root / "small-llama", arch="llama", size="small", seed=0)
     base = root / "small"
@@ -137,8 +154,8 @@ def test_the_n610_capsule_of_the_small_model_leaves_the_weights_out(
     request = capture_request(
         base, model_ref(info.path, "small-llama"), "n610", "recovery", "small", keep_source=True
     )
-    comps = real_components(request)
-    receipt = Machine(**comps).capture(request)
+    machine = Machine.for_request(request)
+    receipt = machine.capture(request)
     assert receipt.ok, why(receipt)
     pid = receipt.facts["engine_pid"]
     dirs, pids = watch(receipt)
@@ -149,12 +166,12 @@ def test_the_n610_capsule_of_the_small_model_leaves_the_weights_out(
             Path(receipt.facts["runtime_dir"]),
             ResumePlan(provider="recovery", checkpoint=str(info.path)),
         )
-        with EngineClient(receipt.facts["engine_url"]) as client:
-            client.resume(["weights", "kv_cache"])
+        with EngineClient(receipt.facts["engine_url"], SGLANG_POLICY) as client:
+            client.resume([WEIGHTS, KV_CACHE])
             assert client.acceptance_tokens() == tuple(receipt.facts["acceptance_tokens"])
         baseline = Criu().dump(pid, base / "baseline-image", leave_running=False)
     finally:
-        comps["driver"].processes.stop(pid)
+        machine.stop(receipt)
     assert not leftovers(dirs, pids)
     capsule_image = receipt.facts["image_bytes"]
     saved = baseline.image_bytes - capsule_image

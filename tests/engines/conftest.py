@@ -14,6 +14,6 @@ def sglang_cpu() -> None:
     import torch
 
     if torch.version.cuda is None:
-        from coldsnap.testing.sglang_cpu import activate
+        from coldsnap.engines.sglang.cpu import activate
 
         activate()

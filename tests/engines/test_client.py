@@ -10,12 +10,12 @@ import httpx
 import pytest
 
 from coldsnap.engines import (
-    SGLANG_POLICY,
     AcceptanceError,
     EngineClient,
     EngineError,
     RetryPolicy,
 )
+from coldsnap.engines.sglang import SGLANG_POLICY
 
 Handler = Callable[[httpx.Request], httpx.Response]
 

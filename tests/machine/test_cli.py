@@ -1,55 +1,93 @@
-"""The command line: docs stay in sync with the specs; dry-run operations; bad input."""
+"""The command line: docs stay in sync with the registered specs; `plan` shows what a request
+would run without running it; the test doubles are not reachable from it; bad input."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from coldsnap.cli import main
 from coldsnap.cli._main import DOCS
-from coldsnap.machine import SPECS, document
+from coldsnap.machine import REGISTRY, document
 
 
 def test_state_machine_docs_are_in_sync() -> None:
-    assert DOCS.read_text() == document(SPECS.values()), "run `coldsnap docs`"
+    assert DOCS.read_text() == document(REGISTRY.specs()), "run `coldsnap docs`"
 
 
-def test_docs_check_fails_on_a_stale_file(tmp_path) -> None:
+def test_docs_check_fails_on_a_stale_file(tmp_path: Path) -> None:
     out = tmp_path / "sm.md"
     out.write_text("stale")
     result = CliRunner().invoke(main, ["docs", "--check", "--out", str(out)])
     assert result.exit_code != 0 and "is stale" in result.output
 
 
-def test_dry_run_capture_from_a_request_file(tmp_path) -> None:
-    (tmp_path / "model").mkdir()
+def _request_file(tmp_path: Path, **fields: Any) -> Path:
+    (tmp_path / "model").mkdir(exist_ok=True)
     request = {
         "kind": "coldsnap.capture-request", "driver": "n610", "provider": "native",
+        "engine": "sglang",
         "model": {"id": "tiny", "revision": "r1", "path": str(tmp_path / "model")},
-        "workdir": str(tmp_path / "cap"), "store": str(tmp_path / "store"),
-    }
+        "workdir": str(tmp_path / "op"), "store": str(tmp_path / "store"),
+    }  # fmt: skip
+    request.update(fields)
     path = tmp_path / "req.json"
     path.write_text(json.dumps(request))
-    result = CliRunner().invoke(main, ["capture", "--dry-run", str(path)])
+    return path
+
+
+def _plan(path: Path) -> dict[str, str]:
+    """`coldsnap plan` run on `path`: each step's name -> 'run' or 'skip'."""
+    result = CliRunner().invoke(main, ["plan", str(path)])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output.splitlines()[-1])["outcome"] == "done"
-    assert "process_dump" in result.output
+    rows = [line.split() for line in result.output.splitlines()[1:]]
+    return {row[2]: row[1] for row in rows if row[0].isdigit()}
 
 
-def test_a_bad_request_file_names_the_field(tmp_path) -> None:
+def test_plan_shows_the_steps_a_capture_runs_and_touches_nothing(tmp_path: Path) -> None:
+    path = _request_file(tmp_path)
+    result = CliRunner().invoke(main, ["plan", str(path)])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("capture-n610: driver n610, provider native, engine sglang")
+    assert "[guard payload: holds]" in result.output
+    assert "makes  payload_dir, payload_bytes, packs" in result.output
+    steps = _plan(path)
+    assert steps["launch_engine"] == steps["export_payload"] == steps["seal_artifact"] == "run"
+    assert steps["retire_source"] == "run"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "req.json"]
+
+
+def test_plan_follows_the_request(tmp_path: Path) -> None:
+    assert _plan(_request_file(tmp_path, keep_source=True))["retire_source"] == "skip"
+    recovery = _plan(_request_file(tmp_path, provider="recovery"))
+    assert recovery["export_payload"] == "skip"
+    restore = _request_file(
+        tmp_path, kind="coldsnap.restore-request", provider="recovery", artifact="cap"
+    )
+    steps = _plan(restore)
+    assert steps["admit"] == steps["verify_checkpoint"] == "run"
+    assert steps["stage_payload"] == "skip"
+
+
+@pytest.mark.parametrize("command", ["capture", "restore"])
+def test_operations_have_no_dry_run(tmp_path: Path, command: str) -> None:
+    """The product runs the real components only; doubles live in coldsnap.testing."""
+    result = CliRunner().invoke(main, [command, "--dry-run", str(_request_file(tmp_path))])
+    assert (
+        result.exit_code == 2 and "No such option" in result.output and "--dry-run" in result.output
+    )
+
+
+def test_a_bad_request_file_names_the_field(tmp_path: Path) -> None:
     path = tmp_path / "req.json"
     path.write_text(json.dumps({"kind": "coldsnap.restore-request", "driver": "n610",
                                 "provider": "native", "artifact": "x",
-                                "workdir": "rel", "store": str(tmp_path)}))
-    result = CliRunner().invoke(main, ["restore", "--dry-run", str(path)])
+                                "workdir": "rel", "store": str(tmp_path)}))  # fmt: skip
+    result = CliRunner().invoke(main, ["restore", str(path)])
     assert result.exit_code != 0
     assert "request field 'workdir': must be an absolute path" in str(result.exception)
     assert not (tmp_path / "rel").exists()
-
-
-def test_demo_dry_run_says_so() -> None:
-    result = CliRunner().invoke(main, ["demo", "--dry-run"])
-    assert result.exit_code == 0, result.output
-    assert result.output.startswith("DRY RUN")
-    assert result.output.count("restore done") == 4

@@ -1,4 +1,5 @@
-"""Our in-memory components pass the conformance kit third parties run against theirs."""
+"""Our in-memory doubles, under the real specs, pass the conformance kit third parties run
+against theirs."""
 
 from __future__ import annotations
 
@@ -6,19 +7,16 @@ from pathlib import Path
 
 from hypothesis import settings
 
-from coldsnap.drivers.memory import MemoryWorld, memory_components
 from coldsnap.machine import CaptureRequest, ModelRef, RestoreRequest
-from coldsnap.testing import MachineConformance
+from coldsnap.testing import MachineConformance, MemoryWorld, memory_registry
 
 
 class MemoryConformance(MachineConformance):
     def __init__(self) -> None:
         super().__init__()
         self.world = MemoryWorld()
+        self.registry = memory_registry(self.world)
         (self._tmp / "model").mkdir()
-
-    def components(self, driver: str, provider: str) -> dict:
-        return memory_components(self.world, driver, provider)
 
     def transient(self) -> frozenset[str]:
         return self.world.transient()

@@ -10,14 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coldsnap.drivers.memory import MemoryWorld, memory_components
-from coldsnap.machine import Machine, spec_for
+from coldsnap.machine import Machine
 from coldsnap.testing import (
     Abandoned,
     FaultPlan,
+    MemoryWorld,
     check_receipt,
     expected_compensations,
     inject_faults,
+    memory_registry,
     strategies,
 )
 
@@ -32,17 +33,21 @@ class _Scene:
     def __init__(self, operation: str, driver: str, provider: str, cuda: bool) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="coldsnap-prop-"))
         self.world = MemoryWorld(cuda=cuda)
-        self.operation, self.driver, self.provider = operation, driver, provider
+        self.registry = memory_registry(self.world)
+        self.operation = operation
         if operation == "restore":
-            seed = Machine(**memory_components(self.world, driver, provider))
-            assert seed.capture(capture_request(self.tmp, driver, provider, workdir="seed")).ok
+            seed = capture_request(self.tmp, driver, provider, workdir="seed")
+            assert self.machine(FaultPlan(), request=seed).capture(seed).ok
         self.request = (capture_request if operation == "capture" else restore_request)(
             self.tmp, driver, provider, workdir="op")
-        self.spec = spec_for(operation, driver)
+        self.components = self.registry.components(self.request).by_role()
+        self.spec = self.registry.spec(operation, driver)
+        self.selected = self.spec.selected(self.request, self.components)
 
-    def machine(self, plan: FaultPlan, subscribers=()) -> Machine:
-        comps = inject_faults(memory_components(self.world, self.driver, self.provider), plan)
-        return Machine(**comps, subscribers=subscribers)
+    def machine(self, plan: FaultPlan, subscribers=(), request=None) -> Machine:
+        components = self.registry.components(request or self.request).by_role()
+        return Machine(**inject_faults(components, plan), registry=self.registry,
+                       subscribers=subscribers)
 
     def run(self, plan: FaultPlan):
         machine = self.machine(plan)
@@ -62,16 +67,16 @@ def test_a_fault_at_any_step_compensates_once_in_reverse(variant, cuda, data) ->
     scene = _scene(variant, cuda)
     try:
         before = scene.world.transient()
-        actions = [s.action for s in scene.spec.selected(scene.request)]
+        actions = [s.action for s in scene.selected]
         fault = data.draw(st.sampled_from(actions), label="fault")
         plan = FaultPlan(fail={fault})
         receipt = scene.run(plan)
-        check_receipt(scene.spec, scene.request, receipt, fault)
+        check_receipt(scene.spec, scene.request, scene.components, receipt, fault)
         assert scene.world.transient() == before
         compensations = [c.removeprefix("comp:") for c in plan.calls if c.startswith("comp:")]
         steps = {s.name: s for s in scene.spec.steps}
         assert compensations == [steps[n].compensation for n in
-                                 expected_compensations(scene.spec, scene.request, receipt)]
+                                 expected_compensations(scene.spec, receipt)]
         if scene.operation == "capture":
             assert not scene.world.capsules, "a rolled-back capture published a capsule"
     finally:
@@ -83,7 +88,7 @@ def test_a_fault_at_any_step_compensates_once_in_reverse(variant, cuda, data) ->
 def test_a_failing_compensation_ends_failed_and_the_rest_still_run(variant, data) -> None:
     scene = _scene(variant, True)
     try:
-        steps = scene.spec.selected(scene.request)
+        steps = scene.selected
         index = data.draw(st.integers(1, len(steps) - 1), label="fault index")
         done_before = [s for s in steps[:index] if s.compensation]
         if not done_before:
@@ -95,7 +100,7 @@ def test_a_failing_compensation_ends_failed_and_the_rest_still_run(variant, data
         statuses = {c.name: c.status for c in receipt.compensations}
         assert statuses[broken.name] == "compensation_failed"
         assert [c.name for c in receipt.compensations] == expected_compensations(
-            scene.spec, scene.request, receipt)
+            scene.spec, receipt)
     finally:
         scene.close()
 
@@ -113,7 +118,7 @@ def test_an_abandoned_run_resumes_to_the_same_end(variant, data) -> None:
     reference = _scene(variant, True)
     resumed = _scene(variant, True)
     try:
-        steps = reference.spec.selected(reference.request)
+        steps = reference.selected
         fault = data.draw(st.none() | st.sampled_from(steps), label="fault")
         probe = FaultPlan(fail={fault.action} if fault else set())
         probe_receipt = reference.run(probe)
@@ -134,7 +139,7 @@ def test_an_abandoned_run_resumes_to_the_same_end(variant, data) -> None:
         subscribers = ()
         if between and interrupted is not None:
             def abandon(event, name=interrupted.name):
-                if event.step == name and event.phase in ("done", "skipped"):
+                if event.step == name and event.phase == "done":
                     raise Abandoned("between steps")
             subscribers = (abandon,)
             interrupted = None

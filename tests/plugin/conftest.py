@@ -20,7 +20,7 @@ def sglang_cpu() -> None:
     import torch
 
     if torch.version.cuda is None:
-        from coldsnap.testing.sglang_cpu import activate
+        from coldsnap.engines.sglang.cpu import activate
 
         activate()
 
@@ -65,7 +65,7 @@ def plugin_env(runtime_dir: Path, **extra: str) -> dict[str, str]:
 def read_status(runtime_dir: Path, process: str) -> dict[str, Any]:
     import json
 
-    from coldsnap.plugin import status_path
+    from coldsnap._wire import status_path
 
     return json.loads(status_path(runtime_dir, process).read_text())
 

@@ -42,11 +42,11 @@ def test_spawned_children_get_the_stand_ins(sglang_cpu: None) -> None:
     assert child.exitcode == 0
     assert version
     assert standin is True
-    assert "coldsnap's CPU test stand-in" in raised and "assign_req_to_token_pool_cpu" in raised
+    assert "coldsnap's CPU stand-in" in raised and "assign_req_to_token_pool_cpu" in raised
 
 
 def test_sitecustomize_is_lazy(tmp_path: Path) -> None:
-    from coldsnap.testing.sglang_cpu import cpu_env
+    from coldsnap.engines.sglang.cpu import cpu_env
 
     code = "import sys; print('torch' in sys.modules, 'sitecustomize' in sys.modules)"
     out = subprocess.run(
@@ -56,7 +56,7 @@ def test_sitecustomize_is_lazy(tmp_path: Path) -> None:
 
 
 def test_cpu_env_keeps_existing_pythonpath() -> None:
-    from coldsnap.testing.sglang_cpu import PYTHONPATH_DIR, cpu_env
+    from coldsnap.engines.sglang.cpu import PYTHONPATH_DIR, cpu_env
 
     env = cpu_env({"PYTHONPATH": "/x/y"})
     assert env["PYTHONPATH"] == os.pathsep.join([str(PYTHONPATH_DIR), "/x/y"])
@@ -68,7 +68,7 @@ def _sha(path: Path) -> str:
 
 
 def test_models_are_deterministic_per_seed(tmp_path: Path) -> None:
-    from coldsnap.testing.models import build_model
+    from coldsnap.tiny_models import build_model
 
     a = build_model(tmp_path / "a", arch="llama", size="tiny", seed=3)
     b = build_model(tmp_path / "b", arch="llama", size="tiny", seed=3)
@@ -93,7 +93,7 @@ def _header(path: Path) -> int:
 def test_tokenizer_round_trips_text(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    from coldsnap.testing.models import build_model
+    from coldsnap.tiny_models import build_model
 
     info = build_model(tmp_path / "q", arch="qwen3", size="tiny", seed=0)
     tok = AutoTokenizer.from_pretrained(str(info.path))

@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from coldsnap.plugin import (
+from coldsnap._wire import (
     PLAN_FILE,
     PLAN_KIND,
     STATUS_KIND,
     PlanError,
     ResumePlan,
-    StatusFile,
     read_plan,
     status_path,
     write_plan,
 )
+from coldsnap.plugin import StatusFile
 
 
 def test_status_record_is_versioned_and_atomic(tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 import coldsnap.plugin._scheduler as sched
-from coldsnap.plugin import ResumePlan, Settings, StatusFile, StorageRegistry, write_plan
+from coldsnap._wire import ResumePlan, write_plan
+from coldsnap.plugin import Settings, StatusFile, StorageRegistry
 
 
 def hooks(tmp_path: Path, **settings: Any) -> sched.SchedulerHooks:

@@ -17,8 +17,8 @@ pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 def test_in_process_engine_release_and_native_resume(
     sglang_cpu: None, models_root: Path, tmp_path: Path, clean_hook_registry: object
 ) -> None:
-    from coldsnap.plugin import ResumePlan, write_plan
-    from coldsnap.testing.models import build_model
+    from coldsnap._wire import ResumePlan, write_plan
+    from coldsnap.tiny_models import build_model
 
     model = build_model(models_root / "llama-tiny", arch="llama", size="tiny", seed=0)
     env = plugin_env(

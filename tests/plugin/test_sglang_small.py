@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
+from coldsnap._wire import ResumePlan, write_plan
 from coldsnap.engines import EngineClient
-from coldsnap.plugin import ResumePlan, write_plan
+from coldsnap.engines.sglang import SGLANG_POLICY
 
 from .conftest import generate_all, plugin_env, read_status, scheduler_process
 
@@ -24,8 +25,8 @@ pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 def small(
     sglang_cpu: None, models_root: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Any]]:
-    from coldsnap.testing.models import build_model
     from coldsnap.testing.sglang_cpu import start_server
+    from coldsnap.tiny_models import build_model
 
     model = build_model(models_root / "llama-small", arch="llama", size="small", seed=0)
     base = tmp_path_factory.mktemp("small-server")
@@ -33,7 +34,7 @@ def small(
         base / "run", COLDSNAP_EXPORT_MODEL_PAYLOAD="1", COLDSNAP_ARTIFACT_DIR=str(base / "art")
     )
     with start_server(model.path, log_path=base / "server.log", env=env) as server, \
-            EngineClient(server.url) as client:  # fmt: skip
+            EngineClient(server.url, SGLANG_POLICY) as client:  # fmt: skip
         yield {
             "server": server,
             "client": client,
@@ -64,7 +65,7 @@ def test_release_frees_the_weights_and_native_resume_refills_them(small: dict[st
     done = threading.Event()
 
     def probe() -> None:
-        with EngineClient(small["server"].url) as c:
+        with EngineClient(small["server"].url, SGLANG_POLICY) as c:
             while not done.is_set():
                 t = time.time()
                 probes.append((t, int(c.health()), int(c.ready())))

@@ -15,8 +15,8 @@ pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 def test_bad_setting_stops_startup_with_the_message(
     sglang_cpu: None, models_root: Path, tmp_path: Path
 ) -> None:
-    from coldsnap.testing.models import build_model
     from coldsnap.testing.sglang_cpu import ServerStartError, start_server
+    from coldsnap.tiny_models import build_model
 
     model = build_model(models_root / "llama-tiny", arch="llama", size="tiny", seed=0)
     env = plugin_env(

@@ -12,8 +12,9 @@ from typing import Any
 import attrs
 import pytest
 
+from coldsnap._wire import ResumePlan, write_plan
 from coldsnap.engines import EngineClient, EngineError
-from coldsnap.plugin import ResumePlan, write_plan
+from coldsnap.engines.sglang import SGLANG_POLICY
 
 from .conftest import generate_all, plugin_env, read_status, scheduler_process
 
@@ -36,8 +37,8 @@ class Served:
 def served(
     sglang_cpu: None, models_root: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Served]:
-    from coldsnap.testing.models import build_model
     from coldsnap.testing.sglang_cpu import start_server
+    from coldsnap.tiny_models import build_model
 
     model = build_model(models_root / "qwen3-tiny", arch="qwen3", size="tiny", seed=1)
     base = tmp_path_factory.mktemp("tiny-server")
@@ -49,7 +50,7 @@ def served(
         COLDSNAP_ASYNC_CUDA_GRAPHS="1",
     )
     server = start_server(model.path, log_path=base / "server.log", env=env)
-    client = EngineClient(server.url)
+    client = EngineClient(server.url, SGLANG_POLICY)
     try:
         cold = generate_all(client)
         served = Served(
@@ -204,7 +205,7 @@ def test_restore_mode_startup_hydrates_a_dummy_loaded_engine(
             env=env,
             extra_args=("--load-format", "dummy"),
         ) as server,
-        EngineClient(server.url) as client,
+        EngineClient(server.url, SGLANG_POLICY) as client,
     ):
         sched = read_status(tmp_path / "run", "scheduler-tp0")
         assert sched["startup_hydration"]["target"]["nbytes"] > 0

@@ -68,6 +68,7 @@ def test_cuda_damage_and_mismatch_write_nothing(tmp_path):
     before = storage_bytes(dst)
     with pytest.raises(LayoutMismatch, match="aliasing"):
         hydrate_pack(dst, PackDirectory(tmp_path / "p"))
+    assert storage_bytes(dst) == before
     dst = cuda_mapping(7)
     before = storage_bytes(dst)
     pack = tmp_path / "p" / (index.packs[0].digest.removeprefix("sha256:") + ".pack")

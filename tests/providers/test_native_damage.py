@@ -221,7 +221,20 @@ def test_damaged_indexes_are_refused(exported, tmp_path, mutation, which, relayo
     index_file.write_text(text)
     error, _ = attempt(work)
     assert error is not None, mutation
-    assert str(error).strip()
+    if isinstance(error, RecordError):  # the index itself is refused, naming where
+        where = _NAMED.get(what, ("extents[", "layout_digest"))
+        assert error.fields and all(f.startswith(where) for f in error.fields), (mutation, error)
+    else:  # a well-formed index that does not fit the files or the destination
+        assert "nothing was written" in str(error), (mutation, error)
+
+
+# Where a RecordError must point for each mutation (default: an extent, or the layout digest).
+_NAMED = {
+    "kind": ("kind",),
+    "format": ("format",),
+    "not-json": ("$",),
+    "pack-digest": ("packs[0]", "extents["),
+}
 
 
 def _relayout(index: dict) -> str:
@@ -312,3 +325,14 @@ def test_strong_verification_checks_each_extent_sha256(exported, tmp_path):
     verify_pack(PackDirectory(work))  # the fast checksums still pass
     with pytest.raises(PackDamaged, match="sha256 expected"):
         verify_pack(PackDirectory(work), strong=True)
+
+
+def test_provider_errors_are_operation_errors():
+    from coldsnap._errors import OperationError
+    from coldsnap.providers import CheckpointError, HydrationFailed, ProviderError
+    from coldsnap.providers.native._cuda import RegistrationRefused
+
+    assert issubclass(ProviderError, OperationError)
+    for error in (LayoutMismatch, PackDamaged, CheckpointError, HydrationFailed):
+        assert issubclass(error, ProviderError)
+    assert issubclass(RegistrationRefused, ProviderError)

@@ -10,6 +10,7 @@ from coldsnap.artifacts import Capsule, Store
 from coldsnap.providers import (
     PREVERIFIED_ENV,
     Hydrator,
+    PackDamaged,
     PackDirectory,
     StorePack,
     export_pack,
@@ -133,6 +134,8 @@ def test_multiple_packs_and_a_reused_hydrator(tmp_path):
     src = {f"layer.{i}.w": torch.randn(1000 + i) for i in range(6)}
     index = export_pack(src, tmp_path / "p", pack_bytes=8 << 10).index
     assert len(index.packs) == 3
+    written = {p.digest.removeprefix("sha256:") + ".pack" for p in index.packs}
+    assert {p.name for p in (tmp_path / "p").iterdir()} == written | {"index.json"}  # no temps
     with Hydrator(threads=3, slot_bytes=4096) as hydrator:
         for seed in (1, 2):
             torch.manual_seed(seed)
@@ -155,7 +158,7 @@ def test_preverified_env_skips_verification(tmp_path, monkeypatch):
     assert not report.verified and report.verify_seconds == 0.0
     assert not torch.equal(dst["w"], src["w"])  # the flipped byte went through unchecked
     monkeypatch.delenv(PREVERIFIED_ENV)
-    with pytest.raises(Exception, match="checksum"):
+    with pytest.raises(PackDamaged, match="checksum"):
         verify_pack(PackDirectory(tmp_path / "p"))
 
 

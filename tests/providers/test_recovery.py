@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from coldsnap.artifacts import FileDigest, RecordError
+from coldsnap.artifacts import RecordError, checkpoint_digests
 from coldsnap.providers import (
     CheckpointError,
     PackDirectory,
@@ -40,7 +40,9 @@ def test_pin_records_relative_names_and_round_trips(saved):
     assert "model.safetensors" in names and "config.json" in names
     assert all(not n.startswith("/") for n in names)
     assert loads(dumps(pin), PinnedCheckpoint) == pin
-    assert pin.file_digests()[0] == FileDigest(pin.files[0].name, pin.files[0].sha256)
+    # the pin's files are the records an identity binds, with their sizes
+    assert pin.files == checkpoint_digests(root / "ckpt")
+    assert all(f.size == (root / "ckpt" / f.name).stat().st_size for f in pin.files)
     pin.verify(root / "ckpt")
 
 
@@ -128,6 +130,14 @@ def test_damaged_pins_are_refused(saved, field, value):
     data = json.loads(dumps(pin))
     data["files"][0][field] = value
     with pytest.raises(RecordError, match="files\\[0\\]"):
+        loads(data, PinnedCheckpoint)
+
+
+def test_a_pin_without_file_sizes_is_refused(saved):
+    _, _, _, pin = saved
+    data = json.loads(dumps(pin))
+    del data["files"][0]["size"]  # an identity's file digest may lack it; a pin may not
+    with pytest.raises(RecordError, match="a pin records each file's size"):
         loads(data, PinnedCheckpoint)
 
 

@@ -4,17 +4,16 @@ exists) restored and then released into engine construction with the selected pr
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+from coldsnap._atomic import write_json_atomic
 from coldsnap.backends import Criu, refuse_gpu_mappings
-from coldsnap.machine import Skipped, StepContext
+from coldsnap.machine import LaunchCommand, Launcher, StepContext
 
-from .._launcher import LaunchCommand, Launcher
 from .._processes import Processes, discard_images, dump_live
 from ._template import RELEASE, STATUS
 
@@ -23,7 +22,11 @@ CONTROL_ROOT = Path("/run/coldsnap/templates")
 
 
 class N580Driver:
+    """Steps of the n580 specs (n580/_specs.py). A template holds no CUDA state, so the driver
+    has no capabilities."""
+
     name = "n580"
+    capabilities: frozenset[str] = frozenset()
 
     def __init__(
         self,
@@ -133,9 +136,7 @@ class N580Driver:
             "env": engine.env,
             "cwd": engine.cwd,
         }
-        tmp = control / f".{RELEASE}"
-        tmp.write_text(json.dumps(order))
-        os.replace(tmp, control / RELEASE)
+        write_json_atomic(control / RELEASE, order)
         pid = ctx.facts["template_pid"]
         facts = {
             "engine_pid": pid,
@@ -149,19 +150,8 @@ class N580Driver:
     def stop_engine(self, ctx: StepContext) -> None:
         self.processes.stop(ctx.facts.get("engine_pid") or ctx.facts.get("template_pid"))
 
-    def construct_engine(self, ctx: StepContext) -> None:
-        """The engine builds itself (the provider chosen at release); health says when."""
-        if not self.processes.alive(ctx.facts["engine_pid"]):
-            raise RuntimeError(
-                f"the engine (pid {ctx.facts['engine_pid']}) ended while "
-                f"constructing; see {ctx.workdir / 'engine.log'}"
-            )
-
-    def retire_source(self, ctx: StepContext) -> Skipped | None:
-        if ctx.request.keep_source:
-            return Skipped("the request keeps the source running")
-        self.processes.stop(ctx.facts.get("engine_pid"))
-        return None
+    def retire_source(self, ctx: StepContext) -> None:
+        self.processes.stop(ctx.facts["engine_pid"])
 
 
 def _wait_status(

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from coldsnap._atomic import write_json_atomic
+
 from ._forkserver import reseed
 
 RELEASE = "release.json"
@@ -27,19 +29,9 @@ POLL_S = 0.005
 
 
 def _status(control: Path, state: str, **extra: object) -> None:
-    tmp = control / f".{STATUS}.{os.getpid()}"
-    tmp.write_text(
-        json.dumps(
-            {
-                "format": 1,
-                "kind": "coldsnap.template-status",
-                "state": state,
-                "pid": os.getpid(),
-                **extra,
-            }
-        )
-    )
-    os.replace(tmp, control / STATUS)
+    record = {"format": 1, "kind": "coldsnap.template-status", "state": state,
+              "pid": os.getpid(), **extra}  # fmt: skip
+    write_json_atomic(control / STATUS, record)
 
 
 def main(argv: list[str] | None = None) -> None:

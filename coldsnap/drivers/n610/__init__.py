@@ -1,5 +1,29 @@
 """n610: the whole initialized engine tree and its CUDA context, weights and KV left out."""
 
-from ._driver import N610Driver, default_cuda
+from __future__ import annotations
 
-__all__ = ["N610Driver", "default_cuda"]
+from typing import Any
+
+from coldsnap.machine import Engine, Registry
+
+from ._driver import N610Driver, default_cuda
+from ._specs import CAPTURE, CUDA_PIDS, RESTORE
+
+
+def build(request: Any, engine: Engine) -> N610Driver:
+    return N610Driver(launcher=engine.launcher, cuda=default_cuda())  # type: ignore[attr-defined]
+
+
+def register(registry: Registry) -> None:
+    """Entry point of `coldsnap.registrations`."""
+    registry.register_driver(
+        "n610",
+        capture=CAPTURE,
+        restore=RESTORE,
+        build=build,
+        cls=N610Driver,
+        doc="the whole initialized process tree and its CUDA state (CRIU + CUDA checkpoint)",
+    )
+
+
+__all__ = ["CAPTURE", "CUDA_PIDS", "RESTORE", "N610Driver", "build", "default_cuda", "register"]

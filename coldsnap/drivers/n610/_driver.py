@@ -13,9 +13,8 @@ from typing import Any, Protocol
 
 from coldsnap.backends import Criu
 from coldsnap.backends.procs import tree_pids
-from coldsnap.machine import Skipped, StepContext
+from coldsnap.machine import Launcher, StepContext
 
-from .._launcher import Launcher
 from .._processes import Processes, discard_images, dump_live
 
 IMAGE_DIR = "image"
@@ -43,6 +42,11 @@ def default_cuda() -> CudaBackend | None:
 
 
 class N610Driver:
+    """Steps of the n610 specs (n610/_specs.py). With a CUDA backend the driver has the `cuda`
+    capability, and the specs' CUDA steps run; without one they are not part of the operation,
+    and a capsule whose processes held CUDA contexts is refused at admission (its identity names
+    the CUDA platform)."""
+
     name = "n610"
 
     def __init__(
@@ -65,6 +69,7 @@ class N610Driver:
         self.new_pid_namespace = new_pid_namespace
         self.restore_pid_namespace = restore_pid_namespace
         self.processes = Processes()
+        self.capabilities = frozenset({"cuda"} if cuda is not None else ())
 
     # -- the source engine --------------------------------------------------------------------
 
@@ -85,63 +90,49 @@ class N610Driver:
     def stop_engine(self, ctx: StepContext) -> None:
         self.processes.stop(ctx.facts.get("engine_pid"))
 
-    def retire_source(self, ctx: StepContext) -> Skipped | None:
-        if ctx.request.keep_source:
-            return Skipped("the request keeps the source running")
+    def retire_source(self, ctx: StepContext) -> None:
         # A source whose CUDA state is checkpointed blocks in its first CUDA call, so a clean
         # shutdown cannot finish: do not wait for one.
         timeout = 2.0 if ctx.facts.get("cuda_pids") else 20.0
-        self.processes.stop(ctx.facts.get("engine_pid"), timeout=timeout)
-        return None
+        self.processes.stop(ctx.facts["engine_pid"], timeout=timeout)
 
     # -- CUDA ---------------------------------------------------------------------------------
 
-    def _cuda_pids(self, ctx: StepContext) -> list[int]:
-        known = ctx.facts.get("cuda_pids")
-        if known is not None:
-            return list(known)
-        if self.cuda is None:
-            return []
-        return [p for p in tree_pids(ctx.facts["engine_pid"]) if self.cuda.has_context(p)]
+    def _cuda(self) -> CudaBackend:
+        if self.cuda is None:  # the `cuda` guard keeps these steps out of such operations
+            raise RuntimeError("this n610 driver has no CUDA checkpoint backend")
+        return self.cuda
 
-    def cuda_lock(self, ctx: StepContext) -> dict[str, Any] | Skipped:
-        pids = self._cuda_pids(ctx)
-        if not pids:
-            return Skipped("no process of the engine holds a CUDA context")
-        ctx.record(cuda_pids=pids)
+    def cuda_lock(self, ctx: StepContext) -> dict[str, Any]:
+        cuda = self._cuda()
+        pids = ctx.facts.get("cuda_pids")
+        if pids is None:
+            pids = [p for p in tree_pids(ctx.facts["engine_pid"]) if cuda.has_context(p)]
+            ctx.record(cuda_pids=pids)  # before locking: a compensation must find them
         for pid in pids:
             ctx.check()
-            self.cuda.lock(pid, self.lock_timeout_s)  # type: ignore[union-attr]
+            cuda.lock(pid, self.lock_timeout_s)
         return {"cuda_pids": pids}
 
-    def cuda_unlock(self, ctx: StepContext) -> Skipped | None:
-        return self._each(ctx, "unlock")
+    def cuda_unlock(self, ctx: StepContext) -> None:
+        self._each(ctx, "unlock")
 
-    def cuda_checkpoint(self, ctx: StepContext) -> Skipped | None:
-        return self._each(ctx, "checkpoint")
+    def cuda_checkpoint(self, ctx: StepContext) -> None:
+        self._each(ctx, "checkpoint")
 
-    def cuda_restore(self, ctx: StepContext) -> Skipped | None:
+    def cuda_restore(self, ctx: StepContext) -> None:
         """The driver's restore runs on a thread of the target itself, so a tree that CRIU left
         stopped is continued first (measured on the H200: the API does not answer for a stopped
         process). Nothing runs ahead: every CUDA call blocks while the process is locked, and
         health stays closed until the weights are back."""
-        pid = ctx.facts.get("engine_pid")
-        if pid is not None and (ctx.facts.get("cuda_pids") or _capsule_cuda(ctx)):
-            self.processes.resume(pid)
-        return self._each(ctx, "restore")
+        if ctx.facts.get("cuda_pids"):
+            self.processes.resume(ctx.facts["engine_pid"])
+        self._each(ctx, "restore")
 
-    def _each(self, ctx: StepContext, action: str) -> Skipped | None:
-        pids = ctx.facts.get("cuda_pids") or _capsule_cuda(ctx)
-        if not pids:
-            return Skipped("no process of the engine holds a CUDA context")
-        if self.cuda is None:
-            raise RuntimeError(
-                f"CUDA {action}: the engine has CUDA contexts but this host "
-                "offers no CUDA checkpoint API"
-            )
-        for pid in pids:
-            getattr(self.cuda, action)(pid)  # each call checks the state: idempotent
-        return None
+    def _each(self, ctx: StepContext, action: str) -> None:
+        cuda = self._cuda()
+        for pid in ctx.facts.get("cuda_pids") or ():
+            getattr(cuda, action)(pid)  # each call checks the state first: idempotent
 
     # -- process images -----------------------------------------------------------------------
 
@@ -167,13 +158,10 @@ class N610Driver:
             "engine_url": capsule["engine_url"],
             "runtime_dir": capsule.get("runtime_dir"),
             "restore_seconds": tree.seconds,
+            "cuda_pids": list(capsule.get("cuda_pids") or ()),
         }
         ctx.record(**facts)
         return facts
 
     def resume_processes(self, ctx: StepContext) -> None:
         self.processes.resume(ctx.facts["engine_pid"])
-
-
-def _capsule_cuda(ctx: StepContext) -> list[int]:
-    return list((ctx.facts.get("capsule") or {}).get("cuda_pids") or ())

@@ -7,7 +7,6 @@ from ._hydrate import (
     HydrateReport,
     Hydrator,
     hydrate_pack,
-    verify_by_default,
     verify_pack,
 )
 from ._index import Extent, PackFile, PackIndex
@@ -28,6 +27,5 @@ __all__ = [
     "hydrate_pack",
     "import_pack",
     "pack_members",
-    "verify_by_default",
     "verify_pack",
 ]

@@ -45,7 +45,8 @@ import torch
 import xxhash
 from attrs import frozen
 
-from .._errors import HydrationFailed
+from .._closing import Closing
+from .._errors import HydrationFailed, ProviderError
 from .._layout import as_mapping
 from ._plan import Job, plan
 from ._source import PackSource
@@ -129,7 +130,7 @@ _PROT_READ, _MAP_SHARED = 0x1, 0x01
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
-class RegistrationRefused(RuntimeError):
+class RegistrationRefused(ProviderError):
     """cudaHostRegister refused the mapping: take the pinned ring instead."""
 
 
@@ -281,7 +282,7 @@ def _verify_tasks(jobs: Sequence[Job], block_bytes: int) -> list[tuple[str, int,
     return tasks
 
 
-class RegisteredPacks:
+class RegisteredPacks(Closing):
     """The mapped (and, once `register_all` or a copy ran, registered) files of one pack
     source. Registration can run ahead of the copy (`register_all`, while a restore is
     prepared) or inside it (`copy_registered` pipelines it)."""
@@ -321,12 +322,6 @@ class RegisteredPacks:
         self._fds.clear()
         self._pool.shutdown()
         self._verify_pool.shutdown()
-
-    def __enter__(self) -> RegisteredPacks:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _submit_all(self) -> dict[tuple[str, int], Future[None]]:
         return {

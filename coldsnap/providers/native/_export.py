@@ -12,12 +12,12 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Protocol
 
 import xxhash
 from attrs import frozen
 
-from coldsnap.artifacts import DIGEST_PREFIX, Store
+from coldsnap._atomic import durable_replace, write_bytes_atomic
+from coldsnap.artifacts import DIGEST_PREFIX, ObjectWriter, Store
 
 from .._convert import dumps
 from .._layout import StorageGroup, Tensors, as_mapping, group_storages, layout_digest
@@ -44,54 +44,13 @@ class ExportResult:
         return self.index.nbytes
 
 
-class _Writer(Protocol):
-    def write(self, data: bytes | bytearray | memoryview) -> None: ...
-    def commit(self) -> str: ...
-    def abort(self) -> None: ...
-
-
-class _DirectoryWriter:
+def _directory_writer(directory: Path) -> ObjectWriter:
     """A pack file in an export directory, hashed while written, named by its digest."""
 
-    def __init__(self, directory: Path) -> None:
-        self._dir = directory
-        self._tmp = directory / f".part-{uuid.uuid4().hex}"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-        self._fd: int | None = os.open(self._tmp, flags, 0o600)
-        self._sha = hashlib.sha256()
+    def install(tmp: Path, digest: str) -> None:
+        durable_replace(tmp, directory / pack_file_name(digest))
 
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        assert self._fd is not None
-        self._sha.update(data)
-        view = memoryview(data).cast("B")
-        while view:
-            view = view[os.write(self._fd, view) :]
-
-    def commit(self) -> str:
-        assert self._fd is not None
-        fd, self._fd = self._fd, None
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        digest = DIGEST_PREFIX + self._sha.hexdigest()
-        os.replace(self._tmp, self._dir / pack_file_name(digest))
-        _fsync_dir(self._dir)
-        return digest
-
-    def abort(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        self._tmp.unlink(missing_ok=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    return ObjectWriter(directory / f".part-{uuid.uuid4().hex}", install)
 
 
 def export_pack(
@@ -117,11 +76,11 @@ def export_pack(
         if (directory / INDEX_NAME).exists():
             raise FileExistsError(f"{directory} already holds a pack index")
 
-    def new_writer() -> _Writer:
+    def new_writer() -> ObjectWriter:
         if isinstance(target, Store):
             return target.writer()
         assert directory is not None
-        return _DirectoryWriter(directory)
+        return _directory_writer(directory)
 
     packs: list[PackFile] = []
     extents: list[Extent] = []
@@ -159,17 +118,7 @@ def export_pack(
         index_digest = target.put_bytes(data)
     else:
         assert directory is not None
-        tmp = directory / f".index-{uuid.uuid4().hex}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, directory / INDEX_NAME)
-        _fsync_dir(directory)
+        write_bytes_atomic(directory / INDEX_NAME, data)
     return ExportResult(index, index_digest, directory, time.perf_counter() - start)
 
 
@@ -189,7 +138,7 @@ def _batches(groups: list[StorageGroup], pack_bytes: int) -> Iterator[list[Stora
 
 
 def _write_storage(
-    group: StorageGroup, writer: _Writer, block_bytes: int, hasher: ThreadPoolExecutor
+    group: StorageGroup, writer: ObjectWriter, block_bytes: int, hasher: ThreadPoolExecutor
 ) -> tuple[str, tuple[str, ...]]:
     """Writes one storage block by block; the extent's sha256 and block checksums are computed
     on a second thread while the pack writer hashes and writes the same block."""

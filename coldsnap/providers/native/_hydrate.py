@@ -34,6 +34,7 @@ import torch
 import xxhash
 from attrs import frozen
 
+from .._closing import Closing
 from .._errors import HydrationFailed, PackDamaged
 from .._layout import Tensors, as_mapping
 from . import _cuda
@@ -74,7 +75,7 @@ class HydrateReport:
         return self.nbytes / (1 << 30) / self.seconds if self.seconds else float("inf")
 
 
-class Hydrator:
+class Hydrator(Closing):
     """Reusable hydration machinery: reader threads and the staging ring, allocated once
     (page-aligned anonymous memory for checking; a pinned ring per CUDA device, on first use)
     and reused by every call. Not for concurrent calls; use one per thread of control."""
@@ -100,12 +101,6 @@ class Hydrator:
         self._stagers.clear()
         self._ring_view.release()
         self._ring.close()
-
-    def __enter__(self) -> Hydrator:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # public -------------------------------------------------------------------------------
 
@@ -298,7 +293,7 @@ def _read_into(fd: int, offset: int, address: int, size: int) -> None:
         done += got
 
 
-class _PackFiles:
+class _PackFiles(Closing):
     """The pack files of a source, opened (no-follow) and checked against their recorded sizes
     before any byte is read."""
 
@@ -335,12 +330,6 @@ class _PackFiles:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
-
-    def __enter__(self) -> _PackFiles:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 _default: Hydrator | None = None

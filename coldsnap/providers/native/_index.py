@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Any, ClassVar
+from typing import ClassVar
 
-import attrs
 from attrs import field, frozen
 
-from coldsnap.artifacts import RecordError, digest_problem, exactly
+from coldsnap.artifacts import RecordError, validate
 
 from .._layout import TensorView, digest_of_rows, layout_of
 
@@ -26,29 +25,19 @@ CHECKSUM = "xxh3_64"
 _XXH3_64 = re.compile(r"[0-9a-f]{16}")
 
 
-def _digest(_: Any, attribute: attrs.Attribute, value: object) -> None:
-    if problem := digest_problem(value):
-        raise ValueError(f"{attribute.name}: {problem}")
-
-
-def _count(_: Any, attribute: attrs.Attribute, value: object) -> None:
-    if type(value) is not int or not 0 <= value < 1 << 62:
-        raise ValueError(f"{attribute.name}: {value!r} is not a non-negative integer below 2**62")
-
-
 @frozen
 class PackFile:
-    digest: str = field(validator=_digest)
-    size: int = field(validator=_count)
+    digest: str = field(validator=validate.digest)
+    size: int = field(validator=validate.count)
 
 
 @frozen
 class Extent:
     views: tuple[TensorView, ...] = field(converter=tuple)
-    nbytes: int = field(validator=_count)
-    pack: str = field(validator=_digest)
-    offset: int = field(validator=_count)
-    sha256: str = field(validator=_digest)
+    nbytes: int = field(validator=validate.count)
+    pack: str = field(validator=validate.digest)
+    offset: int = field(validator=validate.count)
+    sha256: str = field(validator=validate.digest)
     checksums: tuple[str, ...] = field(converter=tuple)
 
     @property
@@ -70,11 +59,11 @@ class PackIndex:
     packs: tuple[PackFile, ...] = field(converter=tuple)
     extents: tuple[Extent, ...] = field(converter=tuple)
     layout_digest: str
-    block_bytes: int = field(validator=_count)
-    alignment: int = field(default=ALIGNMENT, validator=exactly(ALIGNMENT))
-    checksum: str = field(default=CHECKSUM, validator=exactly(CHECKSUM))
-    format: int = field(default=INDEX_FORMAT, validator=exactly(INDEX_FORMAT))
-    kind: str = field(default=KIND, validator=exactly(KIND))
+    block_bytes: int = field(validator=validate.count)
+    alignment: int = field(default=ALIGNMENT, validator=validate.exactly(ALIGNMENT))
+    checksum: str = field(default=CHECKSUM, validator=validate.exactly(CHECKSUM))
+    format: int = field(default=INDEX_FORMAT, validator=validate.exactly(INDEX_FORMAT))
+    kind: str = field(default=KIND, validator=validate.exactly(KIND))
 
     def __attrs_post_init__(self) -> None:
         problems = index_problems(self)

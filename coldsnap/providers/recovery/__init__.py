@@ -1,7 +1,7 @@
 """The recovery weight provider: a pinned, verified checkpoint loaded into the model, plus the
 residual state (what the checkpoint does not hold) captured as a small native pack."""
 
-from ._checkpoint import CheckpointFile, PinnedCheckpoint
+from ._checkpoint import PinnedCheckpoint
 from ._load import (
     RecoveryReport,
     capture_residual,
@@ -11,7 +11,6 @@ from ._load import (
 )
 
 __all__ = [
-    "CheckpointFile",
     "PinnedCheckpoint",
     "RecoveryReport",
     "capture_residual",

@@ -4,63 +4,24 @@ a single tensor is loaded from them."""
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any, ClassVar
 
 import attrs
 from attrs import field, frozen
 
-from coldsnap.artifacts import (
-    FileDigest,
-    digest_problem,
-    exactly,
-    file_sha256,
-    member_name_problem,
-)
+from coldsnap.artifacts import FileDigest, checkpoint_digests, file_sha256, validate
 
 from .._errors import CheckpointError
 
 CHECKPOINT_FORMAT = 1
-_HOST_PATH = re.compile(r"^(/|~|[A-Za-z]:[\\/]|\\\\)")
 
 
-def _portable(_: Any, attribute: attrs.Attribute, value: object) -> None:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{attribute.name}: a non-empty string is required, got {value!r}")
-    if _HOST_PATH.match(value):
-        raise ValueError(f"{attribute.name}: {value!r} is a host path; pin the hub id instead")
-
-
-@frozen
-class CheckpointFile:
-    name: str = field()
-    size: int = field()
-    sha256: str = field()
-
-    @name.validator
-    def _check_name(self, _: attrs.Attribute, value: str) -> None:
-        if problem := member_name_problem(value):
-            raise ValueError(f"name: {problem}")
-
-    @size.validator
-    def _check_size(self, _: attrs.Attribute, value: int) -> None:
-        if type(value) is not int or value < 0:
-            raise ValueError(f"size: a non-negative integer is required, got {value!r}")
-
-    @sha256.validator
-    def _check_sha(self, _: attrs.Attribute, value: str) -> None:
-        if problem := digest_problem(value):
-            raise ValueError(f"sha256: {problem}")
-
-
-def _files(value: object) -> tuple[CheckpointFile, ...]:
-    files = tuple(sorted(value, key=lambda f: f.name))  # type: ignore[union-attr]
-    names = [f.name for f in files]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise ValueError(f"files: duplicate names {duplicates}")
-    return files
+def _sized(_: Any, attribute: attrs.Attribute[Any], value: tuple[FileDigest, ...]) -> None:
+    """A pin checks each file's size before hashing it, so it must record every size."""
+    unsized = [f.name for f in value if f.size is None]
+    if unsized:
+        raise ValueError(f"{attribute.name}: a pin records each file's size; none for {unsized}")
 
 
 @frozen
@@ -69,11 +30,13 @@ class PinnedCheckpoint:
 
     KIND: ClassVar[str] = "coldsnap.recovery.checkpoint"
 
-    model_id: str = field(validator=_portable)
-    revision: str = field(validator=_portable)
-    files: tuple[CheckpointFile, ...] = field(converter=_files)
-    format: int = field(default=CHECKPOINT_FORMAT, validator=exactly(CHECKPOINT_FORMAT))
-    kind: str = field(default=KIND, validator=exactly(KIND))
+    model_id: str = field(validator=validate.portable)
+    revision: str = field(validator=validate.portable)
+    files: tuple[FileDigest, ...] = field(
+        converter=validate.unique_names("files", sort=True), validator=_sized
+    )
+    format: int = field(default=CHECKPOINT_FORMAT, validator=validate.exactly(CHECKPOINT_FORMAT))
+    kind: str = field(default=KIND, validator=validate.exactly(KIND))
 
     @classmethod
     def pin(
@@ -84,22 +47,14 @@ class PinnedCheckpoint:
         revision: str,
         patterns: tuple[str, ...] = ("*.safetensors", "*.json"),
     ) -> PinnedCheckpoint:
-        """Pins the files under `directory` that match `patterns` (names relative to it)."""
-        base = Path(directory)
-        paths = sorted({p for pattern in patterns for p in base.rglob(pattern) if p.is_file()})
-        files = [
-            CheckpointFile(p.relative_to(base).as_posix(), p.stat().st_size, file_sha256(p))
-            for p in paths
-        ]
-        return cls(model_id=model_id, revision=revision, files=tuple(files))
+        """Pins the files under `directory` that match `patterns` (names relative to it).
+        The files are the same FileDigest records an identity binds (`ModelBinding.checkpoint`)."""
+        files = checkpoint_digests(directory, patterns)
+        return cls(model_id=model_id, revision=revision, files=files)
 
     @property
-    def weight_files(self) -> tuple[CheckpointFile, ...]:
+    def weight_files(self) -> tuple[FileDigest, ...]:
         return tuple(f for f in self.files if f.name.endswith(".safetensors"))
-
-    def file_digests(self) -> tuple[FileDigest, ...]:
-        """The files as an identity binds them (`ModelBinding.checkpoint`)."""
-        return tuple(FileDigest(f.name, f.sha256) for f in self.files)
 
     def verify(self, directory: str | os.PathLike[str]) -> None:
         """Every pinned file is present with its size and sha256; CheckpointError otherwise.

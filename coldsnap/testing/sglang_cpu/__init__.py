@@ -1,21 +1,23 @@
-"""CPU support for running a real SGLang in tests and the demo (never on a GPU install).
+"""A real SGLang server on CPU for tests and the demo (never on a GPU install).
 
-- `activate()` readies this process; `cpu_env()` the environment of a child: the directory
-  `pythonpath/` goes on PYTHONPATH with a `sitecustomize` that declares torchvision's two ops
-  before torchvision loads, and an `sgl_kernel` stand-in whose kernels raise if called.
 - `start_server()` launches `python -m sglang.launch_server` on CPU and waits for /health;
   `SGLangServer.stop()` sends SIGTERM to the launcher only.
+- The CPU host support itself is the product's (coldsnap.engines.sglang.cpu); it is re-exported
+  here for the tests that start servers: `activate()` readies this process, `cpu_env()` the
+  environment of a child.
 """
 
-from ._server import (
+from coldsnap.engines.sglang import free_port
+from coldsnap.engines.sglang.cpu import (
     CPU_ARGS,
-    ServerStartError,
-    SGLangServer,
-    free_port,
-    server_command,
-    start_server,
+    PYTHONPATH_DIR,
+    GpuInstallError,
+    activate,
+    check_cpu_install,
+    cpu_env,
 )
-from ._support import PYTHONPATH_DIR, GpuInstallError, activate, check_cpu_install, cpu_env
+
+from ._server import ServerStartError, SGLangServer, server_command, start_server
 
 __all__ = [
     "CPU_ARGS",

@@ -1,11 +1,11 @@
-"""Starts and stops a real `python -m sglang.launch_server` on CPU for tests and the demo."""
+"""Starts and stops a real `python -m sglang.launch_server` on CPU for tests and the demo,
+through the snapshot-friendly launcher (coldsnap.backends.launch: own session, log appended)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,26 +16,14 @@ from types import TracebackType
 import attrs
 import httpx
 
-from ._support import check_cpu_install, cpu_env
-
-# Flags that make SGLang serve on CPU (sglang-facts.md). CUDA graphs are disabled with the
-# per-phase backend flags; `--disable-cuda-graph` is deprecated.
-CPU_ARGS: tuple[str, ...] = (
-    "--device", "cpu",
-    "--attention-backend", "torch_native",
-    "--cuda-graph-backend-decode", "disabled",
-    "--cuda-graph-backend-prefill", "disabled",
-)  # fmt: skip
+from coldsnap._errors import OperationError
+from coldsnap.backends import launch
+from coldsnap.engines.sglang import free_port
+from coldsnap.engines.sglang.cpu import CPU_ARGS, check_cpu_install, cpu_env
 
 
-class ServerStartError(RuntimeError):
+class ServerStartError(OperationError, RuntimeError):
     """The server exited or did not become healthy; the message holds the log's tail."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def server_command(
@@ -171,7 +159,7 @@ def start_server(
     """Launches SGLang on CPU with the stand-ins and (by default) waits until /health is 200.
 
     `env` is added on top of this process's environment. The launcher runs in a new session so
-    that leftovers can be found by group; its output goes to `log_path`.
+    that leftovers can be found by group; its output is appended to `log_path`.
     """
     check_cpu_install()
     port = free_port() if port is None else port
@@ -185,18 +173,9 @@ def start_server(
     full_env = cpu_env()
     full_env.update(env or {})
     log_path = Path(log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            cmd,
-            env=full_env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    launched = launch(cmd, log_path=log_path, env=full_env)
     server = SGLangServer(
-        process=process, url=f"http://127.0.0.1:{port}", log_path=log_path, command=cmd
+        process=launched.launcher, url=f"http://127.0.0.1:{port}", log_path=log_path, command=cmd
     )
     if wait:
         try:

@@ -1,6 +1,7 @@
-"""Engine command lines for the drivers: SGLang's server, and the toy engine of the tests.
+"""SGLang's command line for the drivers: `python -m sglang.launch_server` with coldsnap's
+plugin enabled, and the modules an n580 template imports first.
 
-Each capture gets a runtime directory at a host-level path (not under the operation's workdir)
+Each engine gets a runtime directory at a host-level path (not under the operation's workdir)
 because its path is frozen into the engine's environment and so into an n610 image: a restore
 on another host recreates the same path and writes the resume plan there.
 """
@@ -10,18 +11,25 @@ from __future__ import annotations
 import socket
 import sys
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from coldsnap.drivers import LaunchCommand
+from coldsnap.machine import LaunchCommand
 
 RUNTIME_ROOT = Path("/run/coldsnap/engines")
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
+
+
+def export_dir(runtime_dir: Path) -> Path:
+    """Where an engine started to export writes its weight payload when it is released."""
+    return runtime_dir / "payload"
 
 
 def coldsnap_env(
@@ -34,7 +42,7 @@ def coldsnap_env(
         env["COLDSNAP_MODE"] = "capture"
         if provider == "native":
             env["COLDSNAP_EXPORT_MODEL_PAYLOAD"] = "1"
-            env["COLDSNAP_ARTIFACT_DIR"] = str(runtime_dir / "payload")
+            env["COLDSNAP_ARTIFACT_DIR"] = str(export_dir(runtime_dir))
     else:
         env["COLDSNAP_MODE"] = "restore"
         env["COLDSNAP_SGLANG_STARTUP_PROVIDER"] = provider
@@ -43,14 +51,37 @@ def coldsnap_env(
     return env
 
 
-class _Launcher:
+class SGLangLauncher:
     """`python -m MODULE --model-path ... --port ...` with a fresh runtime dir and port per engine
     (or the request's port); a native restore starts without loading (`--load-format dummy`)
-    and hydrates from the capsule's payload laid out under the workdir."""
+    and hydrates from the capsule's payload laid out under the workdir.
 
-    module = ""
-    base_args: tuple[str, ...] = ()
-    base_env: dict[str, str] = {}  # replaced per instance, never mutated
+    `base_args` and `base_env` carry what this host needs (on a CPU host, coldsnap.engines.
+    sglang.cpu's arguments and environment); `SGLANG_PLUGINS=coldsnap` is always set. A
+    subclass may serve another module that speaks the same endpoints and plugin files (the
+    tests' toy engine) by overriding `module` and the preloads."""
+
+    module = "sglang.launch_server"
+    # What an n580 template imports before it is dumped: the engine's heavy modules.
+    template_preload: tuple[str, ...] = (
+        "torch",
+        "sglang.launch_server",
+        "sglang.srt.entrypoints.http_server",
+    )
+    # What the template's forkserver imports, so the engine's children start warm.
+    forkserver_preload: tuple[str, ...] | None = (
+        "torch",
+        "sglang.srt.managers.scheduler",
+        "sglang.srt.managers.detokenizer_manager",
+        # Imports every model module (about a second): do it once, in the template.
+        "sglang.srt.models.registry",
+    )
+
+    def __init__(
+        self, base_args: tuple[str, ...] = (), base_env: Mapping[str, str] | None = None
+    ) -> None:
+        self.base_args = tuple(base_args)
+        self.base_env = {**(base_env or {}), "SGLANG_PLUGINS": "coldsnap"}
 
     def command(self, request: Any, workdir: Path, *, provider: str) -> LaunchCommand:
         runtime_dir = RUNTIME_ROOT / uuid.uuid4().hex
@@ -67,20 +98,4 @@ class _Launcher:
         return LaunchCommand(argv=argv, env=env, url=f"http://127.0.0.1:{port}")
 
 
-class ToyLauncher(_Launcher):
-    """`coldsnap.testing.toy_engine`: a real HTTP engine process that starts in about a second."""
-
-    module = "coldsnap.testing.toy_engine"
-
-
-class SGLangLauncher(_Launcher):
-    """`python -m sglang.launch_server` with the plugin enabled; `base_env` carries host specifics
-    (on CPU hosts, what coldsnap.testing.sglang_cpu provides)."""
-
-    module = "sglang.launch_server"
-
-    def __init__(
-        self, base_args: tuple[str, ...] = (), base_env: dict[str, str] | None = None
-    ) -> None:
-        self.base_args = base_args
-        self.base_env = {**(base_env or {}), "SGLANG_PLUGINS": "coldsnap"}
+__all__ = ["RUNTIME_ROOT", "SGLangLauncher", "coldsnap_env", "export_dir", "free_port"]

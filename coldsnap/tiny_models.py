@@ -117,7 +117,7 @@ def _ready_cpu_imports() -> None:
     import torch
 
     if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
-        from coldsnap.testing.sglang_cpu import activate
+        from coldsnap.engines.sglang.cpu import activate
 
         activate()
 

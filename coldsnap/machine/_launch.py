@@ -1,4 +1,5 @@
-"""What a driver needs from the engine side to start it: a command line, never its internals."""
+"""What a driver needs from the engine adapter to start the engine: a command line and the
+modules a template should import first, never the engine's internals."""
 
 from __future__ import annotations
 
@@ -30,6 +31,13 @@ class LaunchCommand:
 @runtime_checkable
 class Launcher(Protocol):
     """Builds the engine's command for an operation. `workdir` is the operation's folder;
-    `provider` is the weight provider the engine must start with (a restore may change it)."""
+    `provider` is the weight provider the engine must start with (a restore may change it).
+
+    `template_preload` lists the modules an n580 template imports before it is dumped;
+    `forkserver_preload` those its forkserver imports so the engine's children start warm (None:
+    the engine starts no children, no forkserver)."""
+
+    template_preload: tuple[str, ...]
+    forkserver_preload: tuple[str, ...] | None
 
     def command(self, request: Any, workdir: Path, *, provider: str) -> LaunchCommand: ...

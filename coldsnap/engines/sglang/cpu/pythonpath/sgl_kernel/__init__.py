@@ -1,8 +1,8 @@
-"""A stand-in for `sgl_kernel` on CPU test hosts (no CPU build of sgl-kernel is on PyPI).
+"""A stand-in for `sgl_kernel` on CPU hosts (no CPU build of sgl-kernel is on PyPI).
 
 With SGLANG_USE_CPU_ENGINE=1, SGLang imports these eight names at module load. None of them
 runs on plain (non-speculative) serving with the torch_native attention backend. Each one
-raises if it is ever called: a test must fail loudly, never compute with a fake kernel.
+raises if it is ever called: a run must fail loudly, never compute with a fake kernel.
 No torch ops are registered, so SGLang's AMX backend stays off.
 """
 
@@ -27,8 +27,8 @@ class KernelNotAvailable(NotImplementedError):
 def _missing(name):
     def kernel(*args, **kwargs):
         raise KernelNotAvailable(
-            f"sgl_kernel.{name} was called, but sgl_kernel here is coldsnap's CPU test "
-            "stand-in (coldsnap/testing/sglang_cpu): this code path needs the real kernel"
+            f"sgl_kernel.{name} was called, but sgl_kernel here is coldsnap's CPU "
+            "stand-in (coldsnap/engines/sglang/cpu): this code path needs the real kernel"
         )
 
     kernel.__name__ = kernel.__qualname__ = name

@@ -1,4 +1,4 @@
-"""CPU-only support for SGLang in test and demo processes (never on a GPU install).
+"""CPU-only support for SGLang's processes on a host without CUDA (never on a GPU install).
 
 PyPI torchvision is built against CUDA torch: on CPU torch its `_C` extension does not load
 and `import torchvision` fails on `torchvision::nms`. Declaring the two op schemas it needs

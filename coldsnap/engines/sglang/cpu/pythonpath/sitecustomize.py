@@ -1,7 +1,8 @@
 """Runs at start-up of every Python process that has this directory on PYTHONPATH.
 
-Only the CPU test/demo launcher puts it there. It arms the lazy torchvision op declaration
-(see _coldsnap_cpu_support) and then runs the sitecustomize it shadows, if any.
+Only the CPU host support (coldsnap.engines.sglang.cpu) puts it there. It arms the lazy
+torchvision op declaration (see _coldsnap_cpu_support) and then runs the sitecustomize it
+shadows, if any.
 """
 
 import _coldsnap_cpu_support

@@ -1,0 +1,270 @@
+"""The store's machine-side steps: seal a capture into the content-addressed store, undo a seal,
+and admit a capsule for restore (compatibility first, then its files laid out for the driver).
+
+The store knows no driver, provider or engine by name: it keeps the facts the capture spec
+declares `carried`, seals a payload when an earlier step made one, and asks the engine adapter
+which build is installed here (`engine.build()`).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import coldsnap
+from coldsnap.artifacts import (
+    Capsule,
+    Difference,
+    EngineBuild,
+    FileDigest,
+    Identity,
+    IncompatibleArtifact,
+    Member,
+    ModelBinding,
+    RecordError,
+    SnapshotDriver,
+    Store,
+    StoreError,
+    Topology,
+    capture_identity,
+    check_compatible,
+    checkpoint_digests,
+    collect_platform,
+    from_json,
+    record_digest,
+    to_json,
+)
+from coldsnap.machine import Engine, StepContext
+from coldsnap.machine import steps as s
+from coldsnap.plugin import plugin_digest
+
+from ._record import RECORD_NAME, CaptureRecord
+
+IMAGE_ROLE, IMAGE_PREFIX = "process-image", "image"
+PAYLOAD_ROLE, PAYLOAD_PREFIX = "payload", "payload"
+RECORD_ROLE = "record"
+
+
+class StoreArtifacts:
+    """Seals into and admits from the `Store` at the request's `store` path. `engine` is the
+    engine adapter: its `build()` names the engine installed here, bound into every capsule
+    and checked on admit."""
+
+    name = "store"
+    capabilities: frozenset[str] = frozenset()
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    # -- capture ------------------------------------------------------------------------------
+
+    def seal(self, ctx: StepContext) -> dict[str, Any]:
+        """Adopts the process image (and the payload, when an earlier step exported one) into
+        the store, adds the capture record and identity, and publishes the capsule under the
+        request's name. Whether this capture created the capsule, and what the name pointed to
+        before, are recorded before publishing: a rollback must know what it owns."""
+        request = ctx.request
+        store = Store(request.store)
+        members = _adopt_tree(store, Path(ctx.facts[s.IMAGE_DIR.name]), IMAGE_ROLE, IMAGE_PREFIX)
+        payload = ctx.facts.get(s.PAYLOAD_DIR.name)  # made only by a provider with a payload
+        if payload is not None:
+            members += _adopt_tree(store, Path(payload), PAYLOAD_ROLE, PAYLOAD_PREFIX)
+        record = CaptureRecord(
+            driver=request.driver,
+            provider=request.provider,
+            engine=request.engine,
+            model_id=request.model.id,
+            revision=request.model.revision,
+            facts=carried_facts(ctx),
+        )
+        data = to_json(record)
+        members.append(Member(RECORD_ROLE, RECORD_NAME, store.put_bytes(data), len(data)))
+        capsule = Capsule(members=tuple(members), identity=self._identity(ctx, members))
+        digest = record_digest(capsule)
+        tag = request.name or None
+        ctx.record(
+            **{
+                s.CAPSULE_DIGEST.name: digest,
+                s.CAPSULE_CREATED.name: digest not in store.capsules(),
+                s.CAPSULE_TAG_WAS.name: store.tags().get(tag) if tag else None,
+            }
+        )
+        published = store.publish(capsule, tag=tag)
+        if published != digest:
+            raise StoreError(f"the store published capsule {published}, expected {digest}")
+        return {s.CAPSULE_DIGEST.name: digest, s.CAPSULE_BYTES.name: sum(m.size for m in members)}
+
+    def unpublish(self, ctx: StepContext) -> None:
+        """Undoes seal: removes the capsule unless it existed before this capture, and points
+        the request's name back at what it named before."""
+        digest = ctx.facts.get(s.CAPSULE_DIGEST.name)
+        if digest is None:
+            return  # the seal failed before it chose a capsule: nothing was published
+        store = Store(ctx.request.store)
+        if ctx.facts.get(s.CAPSULE_CREATED.name) and digest in store.capsules():
+            store.unpublish(digest)
+        name, previous = ctx.request.name, ctx.facts.get(s.CAPSULE_TAG_WAS.name)
+        if name and previous and previous != digest and previous in store.capsules():
+            store.tag(name, previous)
+
+    def _identity(self, ctx: StepContext, members: list[Member]) -> Identity:
+        engine, version, contract = self.engine.build()
+        request = ctx.request
+        model = request.model
+        checkpoint = checkpoint_digests(model.path)
+        indexes = [m for m in members if m.role == PAYLOAD_ROLE and m.name.endswith("index.json")]
+        layout = indexes[0].digest if indexes else _files_digest(checkpoint)
+        config = _model_config(Path(model.path))
+        return capture_identity(
+            engine=EngineBuild(engine, version, contract),
+            plugin_digest=plugin_digest(),
+            model=ModelBinding(
+                model.id,
+                model.revision,
+                checkpoint,
+                str(config.get("torch_dtype") or config.get("dtype") or "unspecified"),
+                str((config.get("quantization_config") or {}).get("quant_method", "none")),
+                layout,
+            ),
+            topology=Topology(request.tp, 1, 0, request.tp),
+            snapshot=SnapshotDriver(request.driver, coldsnap.__version__),
+        )
+
+    # -- restore ------------------------------------------------------------------------------
+
+    def admit(self, ctx: StepContext) -> dict[str, Any]:
+        """Loads the capsule the request names, refuses it unless it was captured with the
+        request's driver, provider and engine and its identity fits this runtime, then lays out
+        its process image (and payload, if it has one) under the workdir as hard links."""
+        request = ctx.request
+        store = Store(request.store)
+        digest = store.resolve(request.artifact)
+        capsule = store.capsule(digest)
+        record = _read_record(store, capsule, request.artifact)
+        wrong = [
+            Difference(name, captured, wanted)
+            for name, captured, wanted in (
+                ("driver", record.driver, request.driver),
+                ("provider", record.provider, request.provider),
+                ("engine", record.engine, request.engine),
+            )
+            if captured != wanted
+        ]
+        if wrong:
+            raise IncompatibleArtifact(
+                wrong,
+                f"capsule {request.artifact} was captured with other components than the request "
+                "names (expected: the capsule's, found: the request's):\n  "
+                + "\n  ".join(str(d) for d in wrong),
+            )
+        if capsule.identity is None:
+            raise IncompatibleArtifact(
+                [], f"capsule {request.artifact} has no identity to check this runtime against"
+            )
+        check_compatible(capsule.identity, self._runtime(ctx, capsule.identity))
+        image = _link_tree(store, capsule.by_role(IMAGE_ROLE), IMAGE_PREFIX, ctx.workdir / "image")
+        facts: dict[str, Any] = {
+            s.CAPSULE_DIGEST.name: digest,
+            s.CAPSULE.name: {**record.facts, "driver": record.driver, "model_id": record.model_id},
+            s.IMAGE_DIR.name: str(image),
+            s.CAPSULE_CHECKPOINT.name: {
+                f.name: f.sha256 for f in capsule.identity.model.checkpoint
+            },
+        }
+        payload = capsule.by_role(PAYLOAD_ROLE)
+        if payload:
+            dest = ctx.workdir / "payload"
+            facts[s.PAYLOAD_DIR.name] = str(_link_tree(store, payload, PAYLOAD_PREFIX, dest))
+        return facts
+
+    def _runtime(self, ctx: StepContext, captured: Identity) -> Identity:
+        """This host's identity: the captured model, with what this host decides itself."""
+        engine, version, contract = self.engine.build()
+        return Identity(
+            engine=EngineBuild(engine, version, contract),
+            plugin_digest=plugin_digest(),
+            model=captured.model,
+            topology=captured.topology,
+            platform=collect_platform(),
+            snapshot=SnapshotDriver(ctx.request.driver, coldsnap.__version__),
+        )
+
+
+def carried_facts(ctx: StepContext) -> dict[str, Any]:
+    """The facts this spec declares `carried` that the capture's steps made."""
+    return {
+        f.name: ctx.facts[f.name] for f in ctx.spec.makes() if f.carried and f.name in ctx.facts
+    }
+
+
+def _adopt_tree(store: Store, root: Path, role: str, prefix: str) -> list[Member]:
+    """Moves every file under `root` into the store without copying its bytes; a file on
+    another filesystem than the store (which `Store.adopt` refuses) is copied in instead."""
+    if not root.is_dir():
+        raise StoreError(f"{root} is not a directory: nothing to seal as {role}")
+    store_device = os.stat(store.root).st_dev
+    members = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        st = path.stat()
+        digest = store.adopt(path) if st.st_dev == store_device else store.put_file(path)
+        name = f"{prefix}/{path.relative_to(root).as_posix()}"
+        members.append(Member(role, name, digest, st.st_size))
+    return members
+
+
+def _link_tree(store: Store, members: Iterable[Member], prefix: str, dest: Path) -> Path:
+    """Lays members out under `dest` as hard links to the store's objects (copies where `dest`
+    is on another filesystem). A file already there is kept: a retried admit resumes."""
+    for member in members:
+        target = dest / member.name.removeprefix(prefix + "/")
+        if target.exists():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source = store.path(member.digest)
+        try:
+            os.link(source, target)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}.part")
+            shutil.copyfile(source, partial)
+            os.replace(partial, target)  # never a half-copied file under the final name
+    return dest
+
+
+def _read_record(store: Store, capsule: Capsule, artifact: str) -> CaptureRecord:
+    records = [m for m in capsule.members if m.role == RECORD_ROLE and m.name == RECORD_NAME]
+    if not records:
+        raise RecordError(f"capsule {artifact}", [("members", f"no {RECORD_NAME} member")])
+    return from_json(store.read_bytes(records[0].digest), CaptureRecord)
+
+
+def _model_config(path: Path) -> dict[str, Any]:
+    """The model's config.json; a checkpoint without one binds dtype and quantization as
+    unspecified."""
+    config = path / "config.json"
+    if not config.exists():
+        return {}
+    try:
+        data = json.loads(config.read_text())
+    except ValueError as exc:
+        raise RecordError(str(config), [("$", f"not JSON: {exc}")]) from None
+    if not isinstance(data, dict):
+        raise RecordError(str(config), [("$", "a model config is a JSON object")])
+    return data
+
+
+def _files_digest(files: Iterable[FileDigest]) -> str:
+    """The layout of a capture without a payload: its checkpoint files, by name and digest."""
+    text = "\n".join(f"{f.name} {f.sha256}" for f in files)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+__all__ = ["StoreArtifacts", "carried_facts"]

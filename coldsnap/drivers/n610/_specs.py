@@ -1,0 +1,118 @@
+"""n610's capture and restore, as data. The engine, provider and store steps are the shared ones
+(coldsnap.machine.steps); the process and CUDA steps are this driver's."""
+
+from __future__ import annotations
+
+from coldsnap.machine import CUDA, Spec, Step, fact
+from coldsnap.machine import steps as s
+
+from .._facts import DUMP_SECONDS, RESTORE_SECONDS, RETIRE_SOURCE
+
+CUDA_PIDS = fact(
+    "cuda_pids", "PIDs of the engine's processes that hold a CUDA context", carried=True
+)
+
+_FREED_BY_KILL = "the process_restore compensation kills the restored tree, which frees this"
+
+CAPTURE = Spec(
+    "capture-n610",
+    "capture",
+    "n610",
+    doc="Snapshot the whole initialized engine process tree and its CUDA state, without weights "
+    "and KV cache.",
+    steps=[
+        Step(
+            "launch_engine",
+            "driver.launch_engine",
+            "start the engine as a snapshotable process tree",
+            compensation="driver.stop_engine",
+            timeout_s=120.0,
+            makes=(s.ENGINE_PID, s.ENGINE_URL, s.ENGINE_LOG, s.RUNTIME_DIR),
+        ),
+        s.WAIT_HEALTHY,
+        s.RECORD_ACCEPTANCE,
+        s.QUIESCE,
+        s.RELEASE_MEMORY,
+        s.DESTROY_GRAPHS,
+        s.EXPORT,
+        Step(
+            "cuda_lock",
+            "driver.cuda_lock",
+            "lock the CUDA driver API of every engine process that holds a context",
+            compensation="driver.cuda_unlock",
+            when=CUDA,
+            needs=(s.ENGINE_PID,),
+            makes=(CUDA_PIDS,),
+        ),
+        Step(
+            "cuda_checkpoint",
+            "driver.cuda_checkpoint",
+            "move each process's device state into host memory",
+            compensation="driver.cuda_restore",
+            when=CUDA,
+            timeout_s=600.0,
+            needs=(CUDA_PIDS,),
+        ),
+        Step(
+            "process_dump",
+            "driver.dump",
+            "dump the process tree with CRIU, leaving it running",
+            compensation="driver.discard_dump",
+            timeout_s=1800.0,
+            needs=(s.ENGINE_PID,),
+            makes=(s.IMAGE_DIR, s.IMAGE_BYTES, DUMP_SECONDS),
+        ),
+        s.SEAL,
+        RETIRE_SOURCE,
+    ],
+)
+
+RESTORE = Spec(
+    "restore-n610",
+    "restore",
+    "n610",
+    doc="Restore the process tree at the same virtual addresses, then refill the weights.",
+    steps=[
+        s.ADMIT,
+        s.STAGE_PAYLOAD,
+        s.VERIFY_CHECKPOINT,
+        Step(
+            "process_restore",
+            "driver.restore",
+            "restore the process tree with CRIU, left stopped",
+            compensation="driver.stop_engine",
+            timeout_s=600.0,
+            needs=(s.IMAGE_DIR, s.CAPSULE),
+            makes=(s.ENGINE_PID, s.ENGINE_URL, s.RUNTIME_DIR, RESTORE_SECONDS, CUDA_PIDS),
+        ),
+        Step(
+            "cuda_restore",
+            "driver.cuda_restore",
+            "continue the tree and bring back each process's device state (CUDA calls block "
+            "until the unlock)",
+            no_compensation=_FREED_BY_KILL,
+            when=CUDA,
+            timeout_s=600.0,
+            needs=(s.ENGINE_PID, CUDA_PIDS),
+        ),
+        Step(
+            "cuda_unlock",
+            "driver.cuda_unlock",
+            "unlock the CUDA driver API",
+            no_compensation=_FREED_BY_KILL,
+            when=CUDA,
+            needs=(CUDA_PIDS,),
+        ),
+        Step(
+            "continue_process",
+            "driver.resume_processes",
+            "let the restored tree run",
+            no_compensation=_FREED_BY_KILL,
+            needs=(s.ENGINE_PID,),
+        ),
+        s.RESUME_WEIGHTS,
+        s.RESUME_REST,
+        s.WAIT_HEALTHY,
+        s.ACCEPTANCE,
+    ],
+)

@@ -1,0 +1,177 @@
+"""The shared vocabulary of the specs: the facts several roles exchange, and the steps of the
+engine, provider and store roles that every driver's specs use. Drivers declare their own facts
+and steps beside their specs and import these.
+"""
+
+from __future__ import annotations
+
+from ._facts import fact
+from ._guards import CHECKPOINT, GRAPHS, PAYLOAD
+from ._spec import Step
+
+# -- facts the driver makes and the engine steps need -------------------------------------------
+ENGINE_PID = fact("engine_pid", "PID of the engine's root process (its tree is the engine)")
+ENGINE_URL = fact("engine_url", "base URL the engine serves on", carried=True)
+ENGINE_LOG = fact("engine_log", "file the engine's stdout and stderr go to")
+RUNTIME_DIR = fact(
+    "runtime_dir",
+    "the engine's runtime directory: the plugin's status files and the resume plan",
+    carried=True,
+)
+IMAGE_DIR = fact("image_dir", "directory holding the process image (CRIU) of this operation")
+IMAGE_BYTES = fact("image_bytes", "size of the process image", carried=True)
+
+# -- facts of the engine steps ------------------------------------------------------------------
+HEALTHY_AFTER_S = fact("healthy_after_s", "seconds the engine took to answer as ready")
+ACCEPTANCE_TOKENS = fact(
+    "acceptance_tokens", "token ids of the greedy acceptance request", carried=True
+)
+EXPORT_DIR = fact("export_dir", "where the engine writes its weight payload on release")
+RESUME_SEED = fact("resume_seed", "the sampling seed every rank took on resume")
+
+# -- facts of the provider steps ----------------------------------------------------------------
+PAYLOAD_DIR = fact("payload_dir", "root of the weight payload (one pack per rank and role)")
+PAYLOAD_BYTES = fact("payload_bytes", "size of the exported weight payload")
+PACKS = fact("packs", "number of packs in the payload")
+VERIFY_SECONDS = fact("verify_seconds", "seconds spent verifying the payload's checksums")
+CHECKPOINT_FILES = fact("checkpoint_files", "number of files of the pinned checkpoint checked")
+WEIGHT_SOURCE = fact(
+    "weight_source",
+    "where the restored engine takes its weights from: {provider, payload_dir, preverified} or "
+    "{provider, checkpoint}",
+)
+
+# -- facts of the store steps -------------------------------------------------------------------
+CAPSULE_DIGEST = fact("capsule_digest", "sha256 digest of the sealed or admitted capsule")
+CAPSULE_CREATED = fact("capsule_created", "whether this capture created the capsule")
+CAPSULE_TAG_WAS = fact("capsule_tag_was", "what the capture's tag pointed to before the seal")
+CAPSULE_BYTES = fact("capsule_bytes", "size of the capsule's members")
+CAPSULE = fact("capsule", "the carried facts of the capture, read back from the capsule")
+CAPSULE_CHECKPOINT = fact(
+    "capsule_checkpoint", "file name -> sha256 of the checkpoint the capsule is bound to"
+)
+
+# -- steps shared by several specs --------------------------------------------------------------
+WAIT_HEALTHY = Step(
+    "wait_healthy",
+    "engine.wait_healthy",
+    "poll the engine's readiness until it answers (and fail at once if its process ends)",
+    side_effect=False,
+    on_interrupt="retry",
+    timeout_s=600.0,
+    needs=(ENGINE_URL, ENGINE_PID),
+    makes=(HEALTHY_AFTER_S,),
+)
+RECORD_ACCEPTANCE = Step(
+    "acceptance_record",
+    "engine.record_acceptance",
+    "send the greedy acceptance request; record its tokens for restore to compare",
+    side_effect=False,
+    on_interrupt="retry",
+    timeout_s=120.0,
+    needs=(ENGINE_URL,),
+    makes=(ACCEPTANCE_TOKENS,),
+)
+QUIESCE = Step(
+    "quiesce",
+    "engine.quiesce",
+    "flush the prefix cache, which the engine refuses while any request runs: the snapshot then "
+    "holds no request and no cached prefix",
+    no_compensation="a flushed prefix cache refills by itself",
+    needs=(ENGINE_URL,),
+)
+RELEASE_MEMORY = Step(
+    "release_memory",
+    "engine.release_memory",
+    "release the weights and kv_cache regions (the snapshot must not carry them); an engine "
+    "started to export writes its payload first",
+    compensation="engine.resume_memory",
+    timeout_s=120.0,
+    needs=(ENGINE_URL, RUNTIME_DIR, ENGINE_PID),
+    makes=(EXPORT_DIR,),
+)
+DESTROY_GRAPHS = Step(
+    "destroy_graphs",
+    "engine.destroy_graphs",
+    "release the CUDA graphs (they point into released memory) and reset their pools",
+    compensation="engine.recapture_graphs",
+    when=GRAPHS,
+    timeout_s=300.0,
+    needs=(ENGINE_URL,),
+)
+EXPORT = Step(
+    "export_payload",
+    "provider.export",
+    "find and size the weight pack the engine exported from its final storages",
+    compensation="provider.discard_export",
+    when=PAYLOAD,
+    timeout_s=1800.0,
+    needs=(EXPORT_DIR,),
+    makes=(PAYLOAD_DIR, PAYLOAD_BYTES, PACKS),
+)
+SEAL = Step(
+    "seal_artifact",
+    "artifacts.seal",
+    "bind identity, add images, payload and carried facts to the store, publish atomically",
+    compensation="artifacts.unpublish",
+    timeout_s=1800.0,
+    needs=(IMAGE_DIR,),
+    makes=(CAPSULE_DIGEST, CAPSULE_CREATED, CAPSULE_TAG_WAS, CAPSULE_BYTES),
+)
+ADMIT = Step(
+    "admit",
+    "artifacts.admit",
+    "load the capsule, check it against this runtime's identity, lay its files out",
+    side_effect=False,
+    on_interrupt="retry",
+    makes=(CAPSULE_DIGEST, CAPSULE, IMAGE_DIR, CAPSULE_CHECKPOINT, PAYLOAD_DIR),
+)
+STAGE_PAYLOAD = Step(
+    "stage_payload",
+    "provider.stage",
+    "verify every block of the payload (which also pulls it into the page cache)",
+    side_effect=False,
+    when=PAYLOAD,
+    on_interrupt="retry",
+    timeout_s=1800.0,
+    needs=(PAYLOAD_DIR,),
+    makes=(WEIGHT_SOURCE, VERIFY_SECONDS),
+)
+VERIFY_CHECKPOINT = Step(
+    "verify_checkpoint",
+    "provider.stage",
+    "check that the checkpoint's files are those the capsule is bound to",
+    side_effect=False,
+    when=CHECKPOINT,
+    on_interrupt="retry",
+    needs=(CAPSULE_CHECKPOINT,),
+    makes=(WEIGHT_SOURCE, CHECKPOINT_FILES),
+)
+RESUME_WEIGHTS = Step(
+    "resume_weights",
+    "engine.resume_weights",
+    "hand the engine its weight source and resume the weights region; the engine refills it "
+    "(payload or checkpoint) before it answers",
+    no_compensation="the driver's restore compensation stops the restored engine",
+    timeout_s=1800.0,
+    needs=(ENGINE_URL, RUNTIME_DIR, WEIGHT_SOURCE),
+    makes=(RESUME_SEED,),
+)
+RESUME_REST = Step(
+    "resume_rest",
+    "engine.resume_rest",
+    "resume the kv_cache region (and rebuild CUDA graphs where the engine has them)",
+    no_compensation="the driver's restore compensation stops the restored engine",
+    timeout_s=300.0,
+    needs=(ENGINE_URL,),
+)
+ACCEPTANCE = Step(
+    "acceptance",
+    "engine.check_acceptance",
+    "send the acceptance request; its tokens must equal those recorded at capture",
+    side_effect=False,
+    on_interrupt="retry",
+    timeout_s=120.0,
+    needs=(ENGINE_URL, CAPSULE),
+    makes=(ACCEPTANCE_TOKENS,),
+)

@@ -1,0 +1,284 @@
+"""StoreArtifacts on a fake step context: seal keeps the spec's carried facts and nothing else,
+records what a rollback needs before it publishes, unpublish undoes it, and admit lays the
+capsule out or refuses it, naming why."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from coldsnap.artifacts import IncompatibleArtifact, Store
+from coldsnap.capsules import CaptureRecord, StoreArtifacts, _steps
+from coldsnap.machine import Fact
+from coldsnap.machine import steps as s
+
+CONTRACT = "sha256:" + "c0" * 32
+# A driver's carried fact, declared the way a driver's spec module declares one (not
+# registered globally): the store must keep it without knowing the driver.
+DRIVER_FACT = Fact("toy_driver_secret", "what the toy driver carries", carried=True)
+NOT_CARRIED = Fact("toy_scratch", "a fact that stays with the capture")
+
+
+class Ctx:
+    """What a step sees of StepContext: the request, the spec, the facts, record()."""
+
+    def __init__(self, request: Any, workdir: Path, facts: dict[str, Any], step: Any) -> None:
+        self.request = request
+        self.workdir = workdir
+        self.step = step
+        self.spec = SimpleNamespace(
+            makes=lambda: (
+                s.ENGINE_URL,
+                s.RUNTIME_DIR,
+                s.ACCEPTANCE_TOKENS,
+                s.IMAGE_DIR,
+                s.IMAGE_BYTES,
+                DRIVER_FACT,
+                NOT_CARRIED,
+                *s.SEAL.makes,
+            )
+        )
+        self._facts = facts
+        self.recorded: list[dict[str, Any]] = []
+
+    @property
+    def facts(self) -> dict[str, Any]:
+        return self._facts
+
+    def record(self, **facts: Any) -> None:
+        self.recorded.append(facts)
+        self._facts.update(facts)
+
+    def check(self) -> None:
+        return None
+
+
+class Engine:
+    name = "toy"
+    capabilities: frozenset[str] = frozenset()
+
+    def __init__(self, version: str = "1") -> None:
+        self.version = version
+
+    def build(self) -> tuple[str, str, str]:
+        return "toy", self.version, CONTRACT
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    path = tmp_path / "model"
+    path.mkdir()
+    (path / "config.json").write_text('{"torch_dtype": "bfloat16"}')
+    (path / "model.safetensors").write_bytes(b"weights" * 100)
+    return path
+
+
+def _capture_request(tmp_path: Path, model: Path, name: str = "cap") -> SimpleNamespace:
+    return SimpleNamespace(
+        driver="n610",
+        provider="native",
+        engine="toy",
+        name=name,
+        tp=1,
+        store=str(tmp_path / "store"),
+        model=SimpleNamespace(id="org/toy", revision="r1", path=str(model)),
+    )
+
+
+def _restore_request(tmp_path: Path, **changes: Any) -> SimpleNamespace:
+    fields = dict(
+        driver="n610",
+        provider="native",
+        engine="toy",
+        artifact="cap",
+        store=str(tmp_path / "store"),
+        model=None,
+    )
+    fields.update(changes)
+    return SimpleNamespace(**fields)
+
+
+def _tree(root: Path, files: dict[str, bytes]) -> Path:
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
+def _seal(
+    tmp_path: Path, model: Path, *, payload: bool, name: str = "cap", image: bytes = b"pages"
+) -> Ctx:
+    op = tmp_path / f"op-{name}-{image.hex()}"
+    facts: dict[str, Any] = {
+        s.ENGINE_URL.name: "http://127.0.0.1:1234",
+        s.RUNTIME_DIR.name: "/run/coldsnap/engines/x",
+        s.ACCEPTANCE_TOKENS.name: [1, 2, 3],
+        s.IMAGE_DIR.name: str(_tree(op / "image", {"core-1.img": image, "sub/pages.img": b"p"})),
+        s.IMAGE_BYTES.name: len(image) + 1,
+        DRIVER_FACT.name: {"pid": 42},
+        NOT_CARRIED.name: "scratch",
+        s.ENGINE_PID.name: 42,
+    }
+    if payload:
+        files = {"tp0/weights/index.json": b"{}", "tp0/weights/ab.pack": b"pack"}
+        facts[s.PAYLOAD_DIR.name] = str(_tree(op / "payload", files))
+    ctx = Ctx(_capture_request(tmp_path, model, name), op, facts, s.SEAL)
+    made = StoreArtifacts(Engine()).seal(ctx)
+    declared = {f.name for f in s.SEAL.makes}
+    assert set(made) | {k for r in ctx.recorded for k in r} == declared
+    ctx.facts.update(made)
+    return ctx
+
+
+def _admit(tmp_path: Path, adapter: Engine | None = None, **req: Any) -> Ctx:
+    ctx = Ctx(_restore_request(tmp_path, **req), tmp_path / "res", {}, s.ADMIT)
+    ctx.facts.update(StoreArtifacts(adapter or Engine()).admit(ctx))
+    return ctx
+
+
+def test_seal_records_what_a_rollback_needs_before_it_publishes(tmp_path: Path, model: Path):
+    ctx = _seal(tmp_path, model, payload=False)
+    assert len(ctx.recorded) == 1
+    early = ctx.recorded[0]
+    assert set(early) == {s.CAPSULE_DIGEST.name, s.CAPSULE_CREATED.name, s.CAPSULE_TAG_WAS.name}
+    assert early[s.CAPSULE_CREATED.name] is True and early[s.CAPSULE_TAG_WAS.name] is None
+    store = Store(tmp_path / "store")
+    assert store.tags() == {"cap": early[s.CAPSULE_DIGEST.name]}
+    assert not any(Path(ctx.facts[s.IMAGE_DIR.name]).rglob("*.img")), "image files not adopted"
+
+
+def test_admit_gives_back_exactly_the_carried_facts(tmp_path: Path, model: Path) -> None:
+    sealed = _seal(tmp_path, model, payload=False)
+    ctx = _admit(tmp_path)
+    assert ctx.facts[s.CAPSULE_DIGEST.name] == sealed.facts[s.CAPSULE_DIGEST.name]
+    assert ctx.facts[s.CAPSULE.name] == {
+        s.ENGINE_URL.name: "http://127.0.0.1:1234",
+        s.RUNTIME_DIR.name: "/run/coldsnap/engines/x",
+        s.ACCEPTANCE_TOKENS.name: [1, 2, 3],
+        s.IMAGE_BYTES.name: 6,
+        DRIVER_FACT.name: {"pid": 42},
+        "driver": "n610",
+        "model_id": "org/toy",
+    }
+    assert s.PAYLOAD_DIR.name not in ctx.facts  # no payload sealed, none laid out
+    assert set(ctx.facts) <= {f.name for f in s.ADMIT.makes}
+    image = Path(ctx.facts[s.IMAGE_DIR.name])
+    assert (image / "core-1.img").read_bytes() == b"pages"
+    assert (image / "sub" / "pages.img").read_bytes() == b"p"
+    assert (image / "core-1.img").stat().st_nlink == 2  # a hard link to the store's object
+    pinned = ctx.facts[s.CAPSULE_CHECKPOINT.name]
+    assert set(pinned) == {"config.json", "model.safetensors"}
+
+
+def test_a_payload_is_sealed_and_laid_out_when_an_earlier_step_made_one(
+    tmp_path: Path, model: Path
+) -> None:
+    _seal(tmp_path, model, payload=True)
+    ctx = _admit(tmp_path)
+    payload = Path(ctx.facts[s.PAYLOAD_DIR.name])
+    assert (payload / "tp0" / "weights" / "ab.pack").read_bytes() == b"pack"
+    assert set(ctx.facts) == {f.name for f in s.ADMIT.makes}
+
+
+def test_a_retried_admit_keeps_what_the_first_laid_out(tmp_path: Path, model: Path) -> None:
+    _seal(tmp_path, model, payload=True)
+    first = _admit(tmp_path)
+    second = _admit(tmp_path)
+    assert first.facts == second.facts
+
+
+def test_unpublish_removes_the_capsule_and_gives_the_tag_back(tmp_path: Path, model: Path):
+    before = _seal(tmp_path, model, payload=False, image=b"first")
+    after = _seal(tmp_path, model, payload=False, image=b"second")
+    assert after.recorded[0][s.CAPSULE_TAG_WAS.name] == before.facts[s.CAPSULE_DIGEST.name]
+    store = Store(tmp_path / "store")
+    StoreArtifacts(Engine()).unpublish(after)
+    assert after.facts[s.CAPSULE_DIGEST.name] not in store.capsules()
+    assert store.tags() == {"cap": before.facts[s.CAPSULE_DIGEST.name]}
+
+
+def test_unpublish_leaves_a_capsule_that_existed_before(tmp_path: Path, model: Path) -> None:
+    first = _seal(tmp_path, model, payload=False, image=b"same")
+    again = _seal(tmp_path, model, payload=False, image=b"same")
+    assert again.recorded[0][s.CAPSULE_CREATED.name] is False
+    StoreArtifacts(Engine()).unpublish(again)
+    assert first.facts[s.CAPSULE_DIGEST.name] in Store(tmp_path / "store").capsules()
+
+
+def test_unpublish_before_a_digest_was_chosen_touches_nothing(tmp_path: Path, model: Path):
+    ctx = Ctx(_capture_request(tmp_path, model), tmp_path, {}, s.SEAL)
+    assert StoreArtifacts(Engine()).unpublish(ctx) is None
+    assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize("field", ["driver", "provider", "engine"])
+def test_admit_refuses_a_capsule_of_another_component(
+    tmp_path: Path, model: Path, field: str
+) -> None:
+    _seal(tmp_path, model, payload=False)
+    with pytest.raises(IncompatibleArtifact) as info:
+        _admit(tmp_path, **{field: "other"})
+    assert [d.field for d in info.value.differences] == [field]
+    assert not (tmp_path / "res").exists()
+
+
+def test_admit_refuses_another_engine_build(tmp_path: Path, model: Path) -> None:
+    _seal(tmp_path, model, payload=False)
+    with pytest.raises(IncompatibleArtifact, match=r"engine\.version"):
+        _admit(tmp_path, Engine(version="2"))
+
+
+def test_seal_refuses_a_missing_image(tmp_path: Path, model: Path) -> None:
+    from coldsnap.artifacts import StoreError
+
+    facts = {s.IMAGE_DIR.name: str(tmp_path / "nowhere")}
+    ctx = Ctx(_capture_request(tmp_path, model), tmp_path, facts, s.SEAL)
+    with pytest.raises(StoreError, match="not a directory"):
+        StoreArtifacts(Engine()).seal(ctx)
+    assert ctx.recorded == []
+
+
+def test_the_capture_record_round_trips(tmp_path: Path, model: Path) -> None:
+    from coldsnap.artifacts import from_json, to_json
+
+    record = CaptureRecord(
+        driver="n580", provider="recovery", engine="toy", model_id="m", revision="r",
+        facts={"template_id": "t"},
+    )  # fmt: skip
+    assert from_json(to_json(record), CaptureRecord) == record
+
+
+@pytest.fixture
+def linked(tmp_path: Path) -> Iterator[tuple[Store, Any]]:
+    store = Store(tmp_path / "store")
+    digest = store.put_bytes(b"object")
+    yield store, [_steps.Member("process-image", "image/a.img", digest, 6)]
+
+
+def test_layout_copies_across_filesystems(linked: Any, tmp_path: Path, monkeypatch) -> None:
+    store, members = linked
+
+    def cross_device(src: Any, dst: Any) -> None:
+        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+
+    monkeypatch.setattr(_steps.os, "link", cross_device)
+    dest = _steps._link_tree(store, members, "image", tmp_path / "out")
+    assert (dest / "a.img").read_bytes() == b"object"
+    assert [p.name for p in dest.iterdir()] == ["a.img"]  # no partial file left
+
+
+def test_layout_fails_on_any_other_link_error(linked: Any, tmp_path: Path, monkeypatch):
+    store, members = linked
+
+    def denied(src: Any, dst: Any) -> None:
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+
+    monkeypatch.setattr(_steps.os, "link", denied)
+    with pytest.raises(PermissionError):
+        _steps._link_tree(store, members, "image", tmp_path / "out")
