@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent set-up: a venv under the repo with coldsnap and its pinned dependencies.
 # Re-running does nothing when the inputs (pyproject, constraints, requirements) are unchanged.
-# Usage: scripts/setup.sh [base|sglang|criu|all]   (default: all)
+# Usage: scripts/setup.sh [base|sglang|sglang-0517|criu|all]   (default: all)
+# sglang-0517: SGLang 0.5.17 as an overlay directory ($VENV/sglang-0.5.17) for the CPU tests of
+# the plugin across releases (coldsnap.testing.sglang_cpu, release="0.5.17").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -34,6 +36,20 @@ setup_sglang() {
   fi
 }
 
+setup_sglang_0517() {
+  local dir="$VENV/sglang-0.5.17"
+  local stamp; stamp=$(stamp_of requirements/sglang-0517-overlay.txt)
+  if [ "$(cat "$dir/.coldsnap-overlay" 2>/dev/null)" != "$stamp" ]; then
+    echo "setup: installing SGLang 0.5.17 as an overlay in $dir"
+    rm -rf "$dir.tmp"
+    "$VENV/bin/python" -m pip install -q --no-deps --target "$dir.tmp" \
+      -r requirements/sglang-0517-overlay.txt
+    rm -rf "$dir"
+    mv "$dir.tmp" "$dir"
+    echo "$stamp" > "$dir/.coldsnap-overlay"
+  fi
+}
+
 setup_criu() {
   if [ -x scripts/setup-criu.sh ]; then scripts/setup-criu.sh; fi
 }
@@ -41,7 +57,8 @@ setup_criu() {
 case "$what" in
   base) setup_base ;;
   sglang) setup_base; setup_sglang ;;
+  sglang-0517) setup_base; setup_sglang; setup_sglang_0517 ;;
   criu) setup_criu ;;
-  all) setup_base; setup_sglang; setup_criu ;;
-  *) echo "setup: unknown target '$what' (base, sglang, criu, all)" >&2; exit 2 ;;
+  all) setup_base; setup_sglang; setup_sglang_0517; setup_criu ;;
+  *) echo "setup: unknown target '$what' (base, sglang, sglang-0517, criu, all)" >&2; exit 2 ;;
 esac

@@ -84,7 +84,8 @@ def main() -> None:
     engine = SGLangEngine(
         launcher,
         policy=POLICY,
-        graphs=not args.dry,
+        # cuda=False: the stand-in workload writes no plugin measurement of its release, so the
+        # engine does not check residency (the real SGLang harness, sglang_machine.py, does).
         name="workload",
         identity=lambda: ("workload", "1", "sha256:" + hashlib.sha256(source).hexdigest()),
     )

@@ -5,7 +5,7 @@ Uses nothing else of coldsnap but the leaves `coldsnap._errors` and `coldsnap._a
 `validate` holds the attrs validators every record uses (here and in coldsnap.providers)."""
 
 from . import _validate as validate
-from ._capsule import Capsule, Member
+from ._capsule import BLOCK_BYTES, Capsule, Member
 from ._collect import (
     capture_identity,
     checkpoint_digests,
@@ -35,6 +35,7 @@ from ._names import DIGEST_PREFIX, digest_problem, member_name_problem
 from ._store import GcReport, ObjectWriter, Store, VerifyReport
 
 __all__ = [
+    "BLOCK_BYTES",
     "DIGEST_PREFIX",
     "ArtifactError",
     "Capsule",

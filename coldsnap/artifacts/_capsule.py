@@ -13,6 +13,23 @@ from ._identity import Identity
 
 CAPSULE_FORMAT = 1
 _ROLE = re.compile(r"[a-z][a-z0-9-]{0,63}")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+BLOCK_BYTES = 32 << 20
+"""The block size of a member's `blocks`: the sha256 of each BLOCK_BYTES of its bytes (the last
+block shorter), so that a large member (a process image's pages) is checked on many cores."""
+
+
+def _blocks(inst: Member, attribute: object, value: tuple[str, ...]) -> None:
+    if not value:
+        return
+    expected = -(-inst.size // BLOCK_BYTES)
+    if len(value) != expected:
+        raise ValueError(
+            f"blocks: {len(value)} block digests for {inst.size} bytes, expected {expected}"
+        )
+    for i, digest in enumerate(value):
+        if not isinstance(digest, str) or not _HEX64.fullmatch(digest):
+            raise ValueError(f"blocks: block {i} is not 64 lowercase hex digits")
 
 
 @frozen
@@ -24,6 +41,9 @@ class Member:
     name: str = field(validator=v.member_name)
     digest: str = field(validator=v.digest)
     size: int = field(validator=v.count)
+    blocks: tuple[str, ...] = field(default=(), converter=tuple, validator=_blocks)
+    """The sha256 (hex) of each BLOCK_BYTES block, for members admission checks in parallel
+    (a process image's); empty for others."""
 
 
 @frozen

@@ -34,6 +34,8 @@ def member_name_problem(value: object) -> str | None:
     for segment in value.split("/"):
         if segment in ("", ".", ".."):
             return f"{value!r} has an empty, '.' or '..' segment"
+        if len(segment.encode()) > 255:
+            return f"{value!r} has a segment over 255 bytes (a file name's limit)"
         if not _SEGMENT.fullmatch(segment):
             return f"{value!r} has a segment with characters outside [A-Za-z0-9_.+=@-]"
     return None
@@ -46,4 +48,3 @@ def tag_problem(value: object) -> str | None:
     if value.startswith(DIGEST_PREFIX) or not _TAG.fullmatch(value):
         return f"{value!r} is not a tag: 1-128 of [A-Za-z0-9_.-], starting with a letter or digit"
     return None
-

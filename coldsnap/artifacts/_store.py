@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import stat
 import time
 import uuid
@@ -207,6 +208,8 @@ class Store:
         for shard in sorted(os.listdir(base)):
             shard_path = base / shard
             _fs.refuse_symlink(shard_path)
+            if not _is_shard(shard) or not stat.S_ISDIR(os.lstat(shard_path).st_mode):
+                continue  # a stray: verify reports it
             for rest in sorted(os.listdir(shard_path)):
                 name = shard + rest
                 if len(name) == 64 and set(name) <= _HEX:
@@ -227,6 +230,7 @@ class Store:
         bad: list[tuple[str, str]] = []
         if digests is None:
             bad += self._strays()
+            bad += self._layout_problems()
             digests = list(self.objects())
         todo = list(digests)
 
@@ -374,7 +378,10 @@ class Store:
                     freed += st.st_size
             for entry in os.scandir(self.root / "tmp"):
                 if entry.stat(follow_symlinks=False).st_mtime <= horizon:
-                    os.unlink(entry.path)
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path)  # no symlink anywhere: _strays refused them
+                    else:
+                        os.unlink(entry.path)
         return GcReport(removed=tuple(removed), freed_bytes=freed, kept=kept)
 
     # internals ----------------------------------------------------------------------------
@@ -445,6 +452,56 @@ class Store:
             raise StoreError(f"tag file {tag!r} names {record.tag!r}")
         return record
 
+    def _layout_problems(self) -> list[tuple[str, str]]:
+        """What a whole-store verify checks besides the objects' bytes: every entry of a shard
+        is an object name; every published capsule's manifest and members are present, with
+        their recorded sizes; every tag file is a tag record naming a published capsule."""
+        found: list[tuple[str, str]] = []
+        base = self.root / "objects" / "sha256"
+        for shard in sorted(os.listdir(base)):
+            if not _is_shard(shard) or not stat.S_ISDIR(os.lstat(base / shard).st_mode):
+                found.append((str(base / shard), "not an object shard (a directory, 2 hex)"))
+                continue
+            for rest in sorted(os.listdir(base / shard)):
+                if len(rest) != 62 or not set(rest) <= _HEX:
+                    found.append((str(base / shard / rest), "not an object (62 hex digits)"))
+        for name in sorted(os.listdir(self.root / "capsules")):
+            if len(name) != 64 or not set(name) <= _HEX:
+                found.append((str(self.root / "capsules" / name), "not a capsule marker"))
+        for digest in self.capsules():
+            if not self.has(digest):
+                found.append((digest, "the capsule's manifest object is missing"))
+                continue
+            try:
+                capsule = from_json(self.read_bytes(digest), Capsule)
+            except (StoreError, RecordError) as exc:
+                found.append((digest, f"the capsule's manifest is unreadable: {exc}"))
+                continue
+            for member in capsule.members:
+                st = _fs.regular_file(self._object_path(member.digest))
+                if st is None:
+                    found.append(
+                        (digest, f"member {member.name!r}: object {member.digest} is missing")
+                    )
+                elif st.st_size != member.size:
+                    found.append(
+                        (
+                            digest,
+                            f"member {member.name!r}: {st.st_size} bytes, the manifest says "
+                            f"{member.size}",
+                        )
+                    )
+        for name in sorted(os.listdir(self.root / "tags")):
+            path = str(self.root / "tags" / name)
+            if tag_problem(name) is not None:
+                found.append((path, f"tag {name!r}: not a tag name"))
+                continue
+            try:
+                self.resolve(self._read_tag(name).capsule)
+            except (StoreError, RecordError) as exc:
+                found.append((path, f"tag {name!r}: {exc}"))
+        return found
+
     def _strays(self) -> list[tuple[str, str]]:
         """Symlinks and non-regular entries anywhere in the store."""
         found = []
@@ -457,6 +514,10 @@ class Store:
                 elif not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
                     found.append((path, "not a regular file or directory"))
         return found
+
+
+def _is_shard(name: str) -> bool:
+    return len(name) == 2 and set(name) <= _HEX
 
 
 def _hash_fd(fd: int) -> str:

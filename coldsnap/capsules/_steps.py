@@ -15,17 +15,22 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 import coldsnap
 from coldsnap.artifacts import (
+    BLOCK_BYTES,
     Capsule,
     Difference,
     EngineBuild,
     FileDigest,
     Identity,
     IncompatibleArtifact,
+    IntegrityError,
     Member,
     ModelBinding,
     RecordError,
@@ -73,6 +78,7 @@ class StoreArtifacts:
         request = ctx.request
         store = Store(request.store)
         members = _adopt_tree(store, Path(ctx.facts[s.IMAGE_DIR.name]), IMAGE_ROLE, IMAGE_PREFIX)
+        members = _with_blocks(store, members)  # what admission checks, on many cores
         payload = ctx.facts.get(s.PAYLOAD_DIR.name)  # made only by a provider with a payload
         if payload is not None:
             members += _adopt_tree(store, Path(payload), PAYLOAD_ROLE, PAYLOAD_PREFIX)
@@ -168,8 +174,15 @@ class StoreArtifacts:
             raise IncompatibleArtifact(
                 [], f"capsule {request.artifact} has no identity to check this runtime against"
             )
+        _check_request_binds(request, capsule.identity)
         check_compatible(capsule.identity, self._runtime(ctx, capsule.identity))
-        image = _link_tree(store, capsule.by_role(IMAGE_ROLE), IMAGE_PREFIX, ctx.workdir / "image")
+        dest = ctx.workdir / "image"
+        image = _link_tree(store, capsule.by_role(IMAGE_ROLE), IMAGE_PREFIX, dest)
+        try:
+            verify_layout(capsule.by_role(IMAGE_ROLE), IMAGE_PREFIX, image)
+        except IntegrityError:
+            shutil.rmtree(image, ignore_errors=True)  # no unverified image stays laid out
+            raise
         facts: dict[str, Any] = {
             s.CAPSULE_DIGEST.name: digest,
             s.CAPSULE.name: {**record.facts, "driver": record.driver, "model_id": record.model_id},
@@ -195,6 +208,126 @@ class StoreArtifacts:
             platform=collect_platform(),
             snapshot=SnapshotDriver(ctx.request.driver, coldsnap.__version__),
         )
+
+
+def _check_request_binds(request: Any, identity: Identity) -> None:
+    """Every field the capsule binds that the restore request also names must be the same:
+    the model (id and revision) and the topology (tp). Refused before anything runs, naming
+    each field with the captured and the requested value."""
+    wrong = []
+    model = request.model
+    if model is not None:
+        for name, captured, wanted in (
+            ("model.id", identity.model.model_id, model.id),
+            ("model.revision", identity.model.revision, model.revision),
+        ):
+            if captured != wanted:
+                wrong.append(Difference(name, captured, wanted))
+    if request.tp is not None and request.tp != identity.topology.tp:
+        wrong.append(Difference("tp", identity.topology.tp, request.tp))
+    if wrong:
+        raise IncompatibleArtifact(
+            wrong,
+            f"capsule {request.artifact} binds another model or topology than the request "
+            "names (expected: the capsule's, found: the request's):\n  "
+            + "\n  ".join(str(d) for d in wrong),
+        )
+
+
+VERIFY_THREADS = min(16, os.cpu_count() or 1)
+_CHUNK = 8 << 20
+
+
+def _with_blocks(store: Store, members: list[Member]) -> list[Member]:
+    """The members with the sha256 of each BLOCK_BYTES block, hashed in parallel."""
+    tasks = [(m, b) for m in members for b in range(-(-m.size // BLOCK_BYTES))]
+    with ThreadPoolExecutor(_threads(len(tasks)), "coldsnap-blocks") as pool:
+        digests = list(pool.map(lambda t: _hash_block(store.path(t[0].digest), t[1]), tasks))
+    out, i = [], 0
+    for member in members:
+        n = -(-member.size // BLOCK_BYTES)
+        out.append(attrs.evolve(member, blocks=tuple(digests[i : i + n])))
+        i += n
+    return out
+
+
+def verify_layout(members: Iterable[Member], prefix: str, dest: Path) -> None:
+    """Rehashes every member as laid out under `dest` (the bytes the driver will read: a hard
+    link shares the store object's inode, a copy is what was copied) against the manifest: its
+    size, then each block's sha256 (a member sealed with `blocks`) or its whole sha256. Blocks
+    of every member are checked on VERIFY_THREADS threads (sha256 releases the GIL), so one
+    multi-GB pages image is checked on many cores. IntegrityError names every bad member."""
+    todo = list(members)
+    problems: dict[str, str] = {}
+    tasks: list[tuple[Member, Path, int | None]] = []
+    for member in todo:
+        path = dest / member.name.removeprefix(prefix + "/")
+        try:
+            size = os.stat(path, follow_symlinks=False).st_size
+        except OSError as exc:
+            problems[member.name] = f"member {member.name!r}: {exc.strerror}"
+            continue
+        if size != member.size:
+            problems[member.name] = (
+                f"member {member.name!r}: {size} bytes, the manifest says {member.size}"
+            )
+        elif member.blocks:
+            tasks += [(member, path, b) for b in range(len(member.blocks))]
+        else:
+            tasks.append((member, path, None))
+
+    def one(task: tuple[Member, Path, int | None]) -> tuple[str, str] | None:
+        member, path, block = task
+        if block is None:
+            found = _hash_file(path)
+            if found != member.digest:
+                return member.name, f"its bytes hash to {found}, not {member.digest}"
+            return None
+        if _hash_block(path, block) != member.blocks[block]:
+            return member.name, f"block {block} (bytes from {block * BLOCK_BYTES}) differs"
+        return None
+
+    with ThreadPoolExecutor(_threads(len(tasks)), "coldsnap-verify") as pool:
+        for bad in pool.map(one, tasks):
+            if bad is not None and bad[0] not in problems:
+                problems[bad[0]] = f"member {bad[0]!r}: {bad[1]}"
+    if problems:
+        raise IntegrityError(
+            f"{len(problems)} of {len(todo)} members of the process image are damaged:\n  "
+            + "\n  ".join(problems[name] for name in sorted(problems))
+        )
+
+
+def _threads(tasks: int) -> int:
+    return max(1, min(VERIFY_THREADS, tasks))
+
+
+def _hash_block(path: Path, block: int) -> str:
+    sha = hashlib.sha256()
+    buffer = bytearray(min(_CHUNK, BLOCK_BYTES))
+    view = memoryview(buffer)
+    offset, end = block * BLOCK_BYTES, (block + 1) * BLOCK_BYTES
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        while offset < end and (n := os.preadv(fd, [view[: min(len(view), end - offset)]], offset)):
+            sha.update(view[:n])
+            offset += n
+    finally:
+        os.close(fd)
+    return sha.hexdigest()
+
+
+def _hash_file(path: Path) -> str:
+    sha = hashlib.sha256()
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        while n := os.readv(fd, [buffer]):
+            sha.update(view[:n])
+    finally:
+        os.close(fd)
+    return "sha256:" + sha.hexdigest()
 
 
 def carried_facts(ctx: StepContext) -> dict[str, Any]:

@@ -14,19 +14,43 @@ from coldsnap.machine import (
     JOURNAL_NAME,
     REGISTRY,
     Machine,
-    Receipt,
+    Request,
+    RequestError,
     StepEvent,
     document,
     parse_request,
     read_journal,
 )
 
+from ._errors import finish, reported
+
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "state-machines.md"
 
 
 @click.group()
-def main() -> None:
-    """Snapshot and restore initialized inference servers."""
+@click.option("--debug", is_flag=True, help="Show the traceback of an error.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """Snapshot and restore initialized inference servers.
+
+    Exit codes: 0 done, 2 bad request, 3 rolled back, 4 failed with leftovers, 5 environment
+    missing, 1 any other error."""
+    ctx.obj = {"debug": debug}
+
+
+def _debug() -> bool:
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx and ctx.find_root().obj and ctx.find_root().obj.get("debug"))
+
+
+def _load(request_file: Any) -> Request:
+    """The request in REQUEST_FILE, parsed strictly."""
+    name = getattr(request_file, "name", "the request file")
+    try:
+        data = json.load(request_file)
+    except ValueError as exc:
+        raise RequestError([("$", f"{name} is not JSON: {exc}")]) from None
+    return parse_request(data)
 
 
 def _print_event(event: StepEvent) -> None:
@@ -37,45 +61,37 @@ def _print_event(event: StepEvent) -> None:
         )
 
 
-def _finish(receipt: Receipt) -> None:
-    click.echo(
-        json.dumps(
-            {
-                "outcome": receipt.outcome,
-                "error": receipt.error,
-                "seconds": round(receipt.seconds, 3),
-                "workdir": receipt.workdir,
-            }
-        )
-    )
-    sys.exit(0 if receipt.ok else 1)
-
-
 @main.command()
 @click.argument("request_file", type=click.File())
 def capture(request_file: Any) -> None:
     """Capture an engine as described by REQUEST_FILE (JSON)."""
-    request = parse_request(json.load(request_file))
-    machine = Machine.for_request(request, subscribers=[_print_event])
-    _finish(machine.capture(request))
+    with reported(_debug):
+        request = _load(request_file)
+        machine = Machine.for_request(request, subscribers=[_print_event])
+        receipt = machine.capture(request)
+    finish(receipt)
 
 
 @main.command()
 @click.argument("request_file", type=click.File())
 def restore(request_file: Any) -> None:
     """Restore a capsule as described by REQUEST_FILE (JSON)."""
-    request = parse_request(json.load(request_file))
-    machine = Machine.for_request(request, subscribers=[_print_event])
-    _finish(machine.restore(request))
+    with reported(_debug):
+        request = _load(request_file)
+        machine = Machine.for_request(request, subscribers=[_print_event])
+        receipt = machine.restore(request)
+    finish(receipt)
 
 
 @main.command()
 @click.argument("workdir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 def resume(workdir: Path) -> None:
     """Resume (or compensate) the operation journaled in WORKDIR."""
-    request = parse_request(read_journal(workdir / JOURNAL_NAME)[0].request or {})
-    machine = Machine.for_request(request, subscribers=[_print_event])
-    _finish(machine.resume(workdir))
+    with reported(_debug):
+        request = parse_request(read_journal(workdir / JOURNAL_NAME)[0].request or {})
+        machine = Machine.for_request(request, subscribers=[_print_event])
+        receipt = machine.resume(workdir)
+    finish(receipt)
 
 
 @main.command()
@@ -86,9 +102,11 @@ def plan(request_file: Any) -> None:
     The registered components are built to evaluate the guards; nothing is run."""
     from ._plan import plan_text
 
-    request = parse_request(json.load(request_file))
-    spec = REGISTRY.spec(request.operation, request.driver)
-    click.echo(plan_text(spec, request, REGISTRY.components(request).by_role()))
+    with reported(_debug):
+        request = _load(request_file)
+        spec = REGISTRY.spec(request.operation, request.driver)
+        text = plan_text(spec, request, REGISTRY.components(request).by_role())
+    click.echo(text)
 
 
 @main.command()

@@ -6,19 +6,51 @@ which one was interrupted, which compensations ran and the facts recorded so far
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+import filelock
 from attrs import define, field, frozen
 
 from ._errors import JournalError
 
 JOURNAL_NAME = "journal.jsonl"
+LOCK_NAME = ".coldsnap.lock"
 RECORD_KIND = "coldsnap.journal-record"
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2
+"""Format 2: the `begin` record names the components (role -> name) and whether the operation
+is a dry run, so that a resume is refused with components other than those that started it."""
+
+
+class WorkdirBusy(JournalError):
+    """Another operation (capture, restore, resume or stop) holds the workdir's lock."""
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: Path) -> Iterator[None]:
+    """Holds the workdir's lock for the life of an operation: one orchestrator per workdir.
+
+    The lock is an flock on `LOCK_NAME` through its own open file, so a second holder is refused
+    in this process as in any other; the kernel drops it when the holder dies."""
+    workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lock = filelock.FileLock(workdir / LOCK_NAME, timeout=0, thread_local=False, is_singleton=False)
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        raise WorkdirBusy(
+            f"{workdir}: another coldsnap operation holds this workdir ({LOCK_NAME}); "
+            "wait for it to end, or stop it"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
 
 Event = Literal[
     "begin",
@@ -46,6 +78,8 @@ class JournalRecord:
     detail: str | None = None
     spec: str | None = None
     request: dict[str, Any] | None = None
+    components: dict[str, str] | None = None
+    dry_run: bool | None = None
     outcome: str | None = None
     format: int = RECORD_FORMAT
     kind: str = RECORD_KIND
@@ -70,10 +104,26 @@ class Journal:
 
     @classmethod
     def reopen(cls, workdir: Path) -> tuple[Journal, list[JournalRecord]]:
-        records = read_journal(workdir / JOURNAL_NAME)
-        return cls(workdir / JOURNAL_NAME, records[-1].seq + 1 if records else 0), records
+        """The journal in `workdir` and its records; a torn last line is cut off the file first,
+        so that the next append does not leave it in the middle."""
+        path = workdir / JOURNAL_NAME
+        records, good = _scan(path)
+        size = path.stat().st_size
+        if good != size:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                if good < size:  # a torn or garbage last line: cut it
+                    os.ftruncate(fd, good)
+                else:  # the last record lost only its newline
+                    os.lseek(fd, 0, os.SEEK_END)
+                    os.write(fd, b"\n")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return cls(path, records[-1].seq + 1), records
 
     def append(self, event: Event, **fields: Any) -> JournalRecord:
+        """Writes one record as one line with one write(2), then fsyncs."""
         record = JournalRecord(seq=self._seq, at=time.time(), event=event, **fields)
         data = {k: v for k, v in _as_dict(record).items() if v is not None}
         line = json.dumps(data, sort_keys=True, default=str) + "\n"
@@ -95,25 +145,52 @@ def _as_dict(record: JournalRecord) -> dict[str, Any]:
 
 def read_journal(path: Path) -> list[JournalRecord]:
     """Reads a journal; a torn last line (the writer died mid-write) is dropped; others fail."""
+    return _scan(path)[0]
+
+
+def _scan(path: Path) -> tuple[list[JournalRecord], int]:
+    """The records of the journal at `path` and the length of the prefix they fill: every line
+    must be a record of this format (strictly typed), except a torn or garbage last line."""
     from ._convert import converter
 
-    if not path.exists():
-        raise JournalError(f"no journal at {path}")
-    lines = path.read_text().splitlines()
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise JournalError(f"no journal at {path}") from None
+    except OSError as exc:
+        raise JournalError(f"{path}: cannot read the journal ({exc})") from None
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
     records: list[JournalRecord] = []
+    good = 0
     for number, line in enumerate(lines, 1):
         try:
-            data = json.loads(line)
-            if data.get("kind") != RECORD_KIND or data.get("format") != RECORD_FORMAT:
-                raise ValueError(f"kind/format {data.get('kind')!r}/{data.get('format')!r}")
-            records.append(converter.structure(data, JournalRecord))
+            item = json.loads(line.decode("utf-8"))
+            if not isinstance(item, dict):
+                raise ValueError(f"a record is a JSON object, got {type(item).__name__}")
+            if item.get("kind") != RECORD_KIND or item.get("format") != RECORD_FORMAT:
+                raise ValueError(f"kind/format {item.get('kind')!r}/{item.get('format')!r}")
+            record = converter.structure(item, JournalRecord)
+            if record.seq != len(records):
+                raise ValueError(f"seq {record.seq}, expected {len(records)}")
+            records.append(record)
         except Exception as exc:
             if number == len(lines):
                 break
-            raise JournalError(f"{path}:{number}: not a journal record ({exc})") from None
+            raise JournalError(f"{path}:{number}: not a journal record ({_why(exc)})") from None
+        good += len(line) + 1
     if not records or records[0].event != "begin":
         raise JournalError(f"{path}: the journal does not start with a 'begin' record")
-    return records
+    return records, good
+
+
+def _why(exc: Exception) -> str:
+    import cattrs
+
+    if isinstance(exc, cattrs.BaseValidationError):
+        return "; ".join(cattrs.transform_error(exc))
+    return str(exc)
 
 
 @define
@@ -122,6 +199,8 @@ class Replay:
 
     spec: str
     request: dict[str, Any]
+    components: dict[str, str] = field(factory=dict)
+    dry_run: bool = False
     facts: dict[str, Any] = field(factory=dict)
     completed: list[JournalRecord] = field(factory=list)
     interrupted: str | None = None
@@ -133,7 +212,12 @@ class Replay:
     @classmethod
     def of(cls, records: list[JournalRecord]) -> Replay:
         begin = records[0]
-        replay = cls(spec=begin.spec or "", request=begin.request or {})
+        replay = cls(
+            spec=begin.spec or "",
+            request=begin.request or {},
+            components=begin.components or {},
+            dry_run=bool(begin.dry_run),
+        )
         for record in records[1:]:
             if record.facts:
                 replay.facts.update(record.facts)

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ._context import StepContext
-from ._convert import converter, parse_request, unstructure
+from ._convert import parse_request, structure_record, unstructure
 from ._errors import JournalError, RequestError
-from ._journal import Journal, Replay
+from ._journal import JOURNAL_NAME, Journal, Replay, workdir_lock
 from ._protocols import ArtifactStore, Driver, Engine, WeightProvider, check_components
 from ._receipt import RECEIPT_NAME, Receipt
 from ._registry import REGISTRY, Components, Registry
@@ -42,13 +42,17 @@ class Machine:
         subscribers: Iterable[Subscriber] = (),
         grace_s: float = 5.0,
         registry: Registry = REGISTRY,
+        dry_run: bool = False,
     ) -> None:
+        """`dry_run` marks operations run with components that touch no real process (test
+        doubles, rehearsals): their journals say so, and only a dry-run Machine resumes them."""
         self.components: dict[str, Any] = Components(
             driver=driver, provider=provider, engine=engine, artifacts=artifacts
         ).by_role()
         self.registry = registry
         self._subscribers: list[Subscriber] = list(subscribers)
         self._grace_s = grace_s
+        self.dry_run = dry_run
         self._lock = threading.Lock()
         self._cancel: threading.Event | None = None
 
@@ -88,23 +92,55 @@ class Machine:
         return await self._in_thread(self.restore, request)
 
     def resume(self, workdir: str | Path, *, cancel: threading.Event | None = None) -> Receipt:
-        """Continues (or compensates) the operation journaled in `workdir`."""
+        """Continues (or compensates) the operation journaled in `workdir`, holding its lock.
+
+        Refused (JournalError) when the journal names other components, or another dry-run
+        mode, than this Machine's: a resume acts only on what the operation itself started."""
         workdir = Path(workdir)
-        journal, records = Journal.reopen(workdir)
-        replay = Replay.of(records)
-        if replay.end is not None:
-            return _read_receipt(workdir)
-        request = parse_request(replay.request)
-        self.registry.check(request)
-        spec = self.registry.spec(request.operation, request.driver)
-        if spec.name != replay.spec:
-            raise JournalError(
-                f"{journal.path}: names spec {replay.spec!r}, but driver '{request.driver}' "
-                f"registers '{spec.name}' for {request.operation}"
+        if not (workdir / JOURNAL_NAME).exists():
+            raise JournalError(f"no journal at {workdir / JOURNAL_NAME}")
+        with workdir_lock(workdir):
+            journal, records = Journal.reopen(workdir)
+            replay = Replay.of(records)
+            receipt_path = workdir / RECEIPT_NAME
+            if replay.end is not None and receipt_path.exists():
+                return _read_receipt(workdir)
+            request = parse_request(replay.request)
+            self.registry.check(request)
+            spec = self.registry.spec(request.operation, request.driver)
+            if spec.name != replay.spec:
+                raise JournalError(
+                    f"{journal.path}: names spec {replay.spec!r}, but driver '{request.driver}' "
+                    f"registers '{spec.name}' for {request.operation}"
+                )
+            self._check_journaled(journal.path, replay)
+            check_components(spec, request, self.components)
+            with self._running(cancel) as event:
+                run = self._run(spec, request, journal, event)
+                if replay.end is not None:
+                    return run.finished(replay)
+                return run.resume(replay)
+
+    def _names(self) -> dict[str, str]:
+        return {role: str(c.name) for role, c in self.components.items()}
+
+    def _check_journaled(self, path: Path, replay: Replay) -> None:
+        problems = []
+        if replay.dry_run != self.dry_run:
+            mode = {True: "a dry run", False: "not a dry run"}
+            problems.append(
+                f"the operation was {mode[replay.dry_run]}, this machine's is {mode[self.dry_run]}"
             )
-        check_components(spec, request, self.components)
-        with self._running(cancel) as event:
-            return self._run(spec, request, journal, event).resume(replay)
+        names = self._names()
+        for role in sorted(set(replay.components) | set(names)):
+            was, now = replay.components.get(role), names.get(role)
+            if was != now:
+                problems.append(f"{role}: journaled {was!r}, this machine {now!r}")
+        if problems:
+            raise JournalError(
+                f"{path}: refusing to resume with other components than those that started "
+                "the operation: " + "; ".join(problems)
+            )
 
     def cancel(self) -> None:
         """Asks the running operation to stop; it compensates and returns its receipt."""
@@ -112,7 +148,12 @@ class Machine:
             self._cancel.set()
 
     def stop(self, receipt: Receipt) -> None:
-        """Stops what a restore (or a capture that kept its source) left running."""
+        """Stops what a restore (or a capture that kept its source) left running, holding the
+        workdir's lock."""
+        with workdir_lock(Path(receipt.workdir)):
+            self._stop(receipt)
+
+    def _stop(self, receipt: Receipt) -> None:
         request = parse_request(_read_request(Path(receipt.workdir)))
         spec = self.registry.spec(request.operation, request.driver)
         step = Step("stop", "driver.stop_engine", "stop the engine", side_effect=False)
@@ -135,9 +176,13 @@ class Machine:
         self.registry.check(request)
         spec = self.registry.spec(request.operation, request.driver)
         check_components(spec, request, self.components)
-        journal = Journal.create(Path(request.workdir))
-        with self._running(cancel) as event:
-            return self._run(spec, request, journal, event).start(unstructure(request))
+        workdir = Path(request.workdir)
+        with workdir_lock(workdir):
+            journal = Journal.create(workdir)
+            with self._running(cancel) as event:
+                return self._run(spec, request, journal, event).start(
+                    unstructure(request), components=self._names(), dry_run=self.dry_run
+                )
 
     def _run(self, spec: Any, request: Request, journal: Journal, cancel: threading.Event) -> Run:
         return Run(
@@ -191,11 +236,14 @@ def _coerce(request: Any, cls: type[R]) -> R:
 
 
 def _read_receipt(workdir: Path) -> Receipt:
-    data = json.loads((workdir / RECEIPT_NAME).read_text())
-    return converter.structure(data, Receipt)
+    path = workdir / RECEIPT_NAME
+    try:
+        return structure_record(json.loads(path.read_bytes()), Receipt, str(path))
+    except ValueError as exc:  # not UTF-8 or not JSON
+        raise JournalError(f"{path}: not a receipt ({exc})") from None
 
 
 def _read_request(workdir: Path) -> dict[str, Any]:
-    from ._journal import JOURNAL_NAME, read_journal
+    from ._journal import read_journal
 
     return read_journal(workdir / JOURNAL_NAME)[0].request or {}

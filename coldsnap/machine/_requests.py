@@ -79,6 +79,9 @@ class RestoreRequest:
     model: ModelRef | None = None
     engine: str = "sglang"
     engine_args: tuple[str, ...] = field(default=(), converter=_as_tuple)
+    tp: int | None = None
+    """The tensor-parallel size the caller expects; when set, a capsule captured with another
+    is refused at admission."""
     port: int | None = None
     timeouts: dict[str, float] = field(factory=dict, converter=_as_timeouts)
     format: int = REQUEST_FORMAT
@@ -92,6 +95,8 @@ class RestoreRequest:
             problems += _model_problems("model", self.model)
         elif self.provider == "recovery":
             problems.append(("model", "the recovery provider needs the pinned checkpoint's path"))
+        if self.tp is not None and self.tp < 1:
+            problems.append(("tp", f"must be at least 1, got {self.tp}"))
         if self.port is not None and not 0 < self.port < 65536:
             problems.append(("port", f"must be 1..65535, got {self.port}"))
         if problems:

@@ -22,7 +22,7 @@ from transitions import Machine as _Transitions
 from transitions import MachineError
 
 from ._context import Skipped, StepContext
-from ._errors import IllegalTransition, MissingFact, StepTimeout, UndeclaredFact
+from ._errors import IllegalTransition, JournalError, MissingFact, StepTimeout, UndeclaredFact
 from ._journal import Journal, Replay
 from ._receipt import Receipt, StepEvent, StepRecord
 from ._requests import Request
@@ -142,12 +142,38 @@ class Run:
 
     # -- entry points -------------------------------------------------------------------------
 
-    def start(self, request_data: dict[str, Any]) -> Receipt:
-        self.journal.append("begin", spec=self.spec.name, request=request_data)
+    def start(
+        self, request_data: dict[str, Any], *, components: dict[str, str], dry_run: bool
+    ) -> Receipt:
+        self.journal.append(
+            "begin",
+            spec=self.spec.name,
+            request=request_data,
+            components=components,
+            dry_run=dry_run,
+        )
         return self._forward(SpecMachine(self.spec, self.request, self.components), None)
 
-    def resume(self, replay: Replay) -> Receipt:
+    def finished(self, replay: Replay) -> Receipt:
+        """The receipt of an operation whose journal ended (its receipt was never written:
+        the orchestrator died between the `end` record and the receipt)."""
+        assert replay.end is not None
+        self._replay_records(replay)
+        self._replay_compensations(replay)
+        if replay.failed is not None and replay.failed.step:
+            self.records.append(
+                StepRecord(
+                    name=replay.failed.step,
+                    status="failed",
+                    seconds=replay.failed.seconds or 0.0,
+                    detail=replay.failed.error or "",
+                )
+            )
         self.resumed = True
+        return self._receipt(replay.end.outcome or "failed", replay.end.error)
+
+    def _replay_records(self, replay: Replay) -> None:
+        self._check_steps(replay)
         self.facts.update(replay.facts)
         for record in replay.completed:
             step = self.steps[record.step or ""]
@@ -161,20 +187,39 @@ class Run:
             )
             if record.status == "done":
                 self.completed.append(step)
+
+    def _replay_compensations(self, replay: Replay) -> None:
+        for name, record in replay.compensations.items():
+            self._comps_done.add(name)
+            self.comp_records.append(
+                StepRecord(
+                    name=name,
+                    status="compensated" if record.event == "comp_end" else "compensation_failed",
+                    seconds=record.seconds or 0.0,
+                    detail=record.error or "",
+                )
+            )
+
+    def _check_steps(self, replay: Replay) -> None:
+        """Every step the journal names must be one this spec selects for this request."""
+        named = [r.step for r in replay.completed]
+        named += [replay.interrupted] if replay.interrupted else []
+        named += [replay.failed.step] if replay.failed and replay.failed.step else []
+        named += list(replay.compensations)
+        unknown = sorted({n or "" for n in named} - set(self.steps))
+        if unknown:
+            raise JournalError(
+                f"{self.journal.path}: names step(s) {', '.join(map(repr, unknown))}, which "
+                f"{self.spec.name} does not run for this request "
+                f"(it runs: {', '.join(self.steps)})"
+            )
+
+    def resume(self, replay: Replay) -> Receipt:
+        self.resumed = True
+        self._replay_records(replay)
         last = replay.completed[-1].step if replay.completed else None
         if replay.compensating:
-            for name, record in replay.compensations.items():
-                self._comps_done.add(name)
-                self.comp_records.append(
-                    StepRecord(
-                        name=name,
-                        status="compensated"
-                        if record.event == "comp_end"
-                        else "compensation_failed",
-                        seconds=record.seconds or 0.0,
-                        detail=record.error or "",
-                    )
-                )
+            self._replay_compensations(replay)
             failed = replay.failed.step if replay.failed else None
             error = replay.failed.error if replay.failed else "interrupted while compensating"
             if failed:
@@ -235,8 +280,11 @@ class Run:
         started = time.monotonic()
         missing = [f.name for f in step.needs if f.name not in self.facts]
         if missing:
-            result, exc = None, MissingFact(
-                f"step '{step.name}' needs {', '.join(missing)}, which no earlier step recorded"
+            result, exc = (
+                None,
+                MissingFact(
+                    f"step '{step.name}' needs {', '.join(missing)}, which no earlier step recorded"
+                ),
             )
         else:
             result, exc = self._invoke(step.action, ctx, timeout)

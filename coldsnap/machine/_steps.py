@@ -28,6 +28,10 @@ ACCEPTANCE_TOKENS = fact(
 )
 EXPORT_DIR = fact("export_dir", "where the engine writes its weight payload on release")
 RESUME_SEED = fact("resume_seed", "the sampling seed every rank took on resume")
+RESIDUAL_DEVICE_BYTES = fact(
+    "residual_device_bytes",
+    "device memory still in use after the release, summed over the engine's ranks (0 on CPU)",
+)
 
 # -- facts of the provider steps ----------------------------------------------------------------
 PAYLOAD_DIR = fact("payload_dir", "root of the weight payload (one pack per rank and role)")
@@ -88,7 +92,7 @@ RELEASE_MEMORY = Step(
     compensation="engine.resume_memory",
     timeout_s=120.0,
     needs=(ENGINE_URL, RUNTIME_DIR, ENGINE_PID),
-    makes=(EXPORT_DIR,),
+    makes=(EXPORT_DIR, RESIDUAL_DEVICE_BYTES),
 )
 DESTROY_GRAPHS = Step(
     "destroy_graphs",

@@ -12,11 +12,15 @@ from ._contracts import (
     GROUPS,
     Contract,
     ContractError,
+    Report,
     admit,
     check,
     describe,
     digest,
     plugin_digest,
+    report,
+    variant_in_use,
+    variants_checked,
 )
 from ._install import HookNotLanded, hook_landed, install, landed_hooks, process_role, register
 from ._memory import (
@@ -41,6 +45,7 @@ __all__ = [
     "HostDiscardBackend",
     "MemoryBackendError",
     "RegistryError",
+    "Report",
     "Settings",
     "SettingsError",
     "StatusFile",
@@ -58,5 +63,8 @@ __all__ = [
     "plugin_digest",
     "process_role",
     "register",
+    "report",
     "unknown_variables",
+    "variant_in_use",
+    "variants_checked",
 ]

@@ -1,11 +1,14 @@
 """Admission: the parts of SGLang the plugin relies on, checked by structure, not by version.
 
 Each contract names one thing the plugin calls, hooks or reads (a function's parameters, a
-tag's value, a class attribute, a line of behaviour in a function's source). `check()`
-resolves all of them and reports every one that is missing or changed; the plugin refuses to
-start on any problem. `digest()` hashes what was checked (signatures and sources), so an
-artifact captured against one SGLang build is known to need a new capture on another.
-No model architecture is named anywhere.
+tag's value, a class attribute, a line of behaviour in a function's source). A contract may be
+met in more than one way: its `variants` are the other ways, each with the SGLang release it was
+seen in (`seen_in`) and a `variant` name the hooks branch on. `check()` resolves every contract,
+picks per contract the first variant the running build meets, and reports every contract that
+no variant meets (with what each variant expected); the plugin refuses to start on any problem.
+`digest()` hashes what was checked (signatures and sources) and the variant in use of each
+contract, so an artifact captured against one SGLang build is known to need a new capture on
+another. No model architecture and no version string is looked at: `seen_in` is documentation.
 """
 
 from __future__ import annotations
@@ -49,10 +52,40 @@ class Contract:
     expected: Any = None  # value: the expected value; attribute: the attribute name;
     # source: snippets that must all appear in the target's source
     runtime_on_cpu: bool = True  # exercised at run time by the CPU tests (docs/plugin.md)
+    absent: tuple[str, ...] = ()  # source: snippets that must not appear
+    seen_in: str = "0.5.23"  # the SGLang release this variant was seen in (documentation only)
+    variant: str = "default"  # the name hooks branch on when a contract has variants
+    variants: tuple[Contract, ...] = ()  # other ways to meet this contract (first match wins)
+    # (contract key, variant) pairs that must also be in use for this variant to be met
+    requires: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def key(self) -> str:
+        """The contract's identity: its first variant's target."""
+        return self.target
+
+    def alternatives(self) -> tuple[Contract, ...]:
+        return (self, *self.variants)
 
 
 def _c(group: str, target: str, *params: str, **kw: Any) -> Contract:
     return Contract(group=group, target=target, params=tuple(params), **kw)
+
+
+def _v(seen_in: str, variant: str, target: str, *params: str, **kw: Any) -> Contract:
+    """Another way to meet a contract (the group is filled in from the contract)."""
+    return Contract(
+        group="", target=target, params=tuple(params), seen_in=seen_in, variant=variant, **kw
+    )
+
+
+def _with_variants(c: Contract, *variants: Contract) -> Contract:
+    return attrs.evolve(
+        c,
+        variants=tuple(
+            attrs.evolve(v, group=c.group, runtime_on_cpu=c.runtime_on_cpu) for v in variants
+        ),
+    )
 
 
 _WU = f"{SG}.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
@@ -133,29 +166,75 @@ CONTRACTS: tuple[Contract, ...] = (
         expected=list(MEMORY_TAGS),
     ),
     # loaders
-    _c(
-        "loader",
-        f"{_MR}.load_model",
-        "self",
-        kind="source",
-        expected=(
-            "load_model_with_memory_saver(",
-            "self.model = loaded.model",
-            "self.startup_weight_load",
+    _with_variants(
+        _c(
+            "loader",
+            f"{_MR}.load_model",
+            "self",
+            kind="source",
+            expected=(
+                "load_model_with_memory_saver(",
+                "self.model = loaded.model",
+                "self.startup_weight_load",
+            ),
+            variant="deferred-commit",
+        ),
+        # No overlapped start-up load: the weights are final when load_model returns.
+        _v(
+            "0.5.17",
+            "load-commits",
+            f"{_MR}.load_model",
+            "self",
+            kind="source",
+            expected=("load_model_with_memory_saver(", "self.model = loaded.model"),
+            absent=("startup_weight_load",),
         ),
     ),
-    _c(
-        "loader",
-        f"{_MR}.__init__",
-        "self",
-        "model_config",
-        "mem_fraction_static",
-        "gpu_id",
-        "nccl_port",
-        "server_args",
-        "is_draft_worker",
+    _with_variants(
+        _c(
+            "loader",
+            f"{_MR}.__init__",
+            "self",
+            "model_config",
+            "mem_fraction_static",
+            "gpu_id",
+            "nccl_port",
+            "server_args",
+            "is_draft_worker",
+        ),
+        # The parallel state is passed in (`ps`) before the port.
+        _v(
+            "0.5.17",
+            "parallel-state-arg",
+            f"{_MR}.__init__",
+            "self",
+            "model_config",
+            "mem_fraction_static",
+            "gpu_id",
+            "ps",
+            "nccl_port",
+            "server_args",
+            "is_draft_worker",
+        ),
     ),
-    _c("loader", f"{_MR}.finalize_startup_weight_load", "self", runtime_on_cpu=False),
+    _with_variants(
+        _c(
+            "loader",
+            f"{_MR}.finalize_startup_weight_load",
+            "self",
+            runtime_on_cpu=False,
+            variant="deferred-commit",
+        ),
+        # No deferred commit to hook: load_model registers (the load_model contract's variant
+        # "load-commits" says the weights are final there).
+        _v(
+            "0.5.17",
+            "none",
+            f"{_MR}.finalize_startup_weight_load",
+            kind="absent",
+            requires=((f"{_MR}.load_model", "load-commits"),),
+        ),
+    ),
     _c(
         "loader",
         f"{SG}.model_executor.model_runner_components.load_model_utils.load_model_with_memory_saver",
@@ -194,7 +273,22 @@ CONTRACTS: tuple[Contract, ...] = (
             "self.offload_tags.remove(tag)",
         ),
     ),
-    _c("weight updater", f"{_WU}._select_runners", "self", "selector"),
+    _with_variants(
+        _c("weight updater", f"{_WU}._select_runners", "self", "selector", variant="selector"),
+        # No runner selector: weight ops go to tp_worker's model_runner and the draft worker's.
+        _v(
+            "0.5.17",
+            "tp-and-draft-worker",
+            f"{_WU}.update_weights_from_disk",
+            "self",
+            "recv_req",
+            kind="source",
+            expected=(
+                "self.tp_worker.update_weights_from_disk(",
+                "self.draft_worker.update_weights_from_disk(",
+            ),
+        ),
+    ),
     _c(
         "weight updater",
         f"{_WU}.__dataclass_fields__",
@@ -230,14 +324,39 @@ CONTRACTS: tuple[Contract, ...] = (
     ),
     _c("weight updater", f"{SG}.managers.io_struct.ResumeMemoryOccupationReqOutput", kind="class"),
     # speculative workers: draft runners are ModelRunners flagged is_draft_worker
-    _c(
-        "speculative worker",
-        f"{SG}.speculative.base_spec_worker.BaseSpecWorker.weight_update_runners",
-        "self",
-        runtime_on_cpu=False,
+    _with_variants(
+        _c(
+            "speculative worker",
+            f"{SG}.speculative.base_spec_worker.BaseSpecWorker.weight_update_runners",
+            "self",
+            runtime_on_cpu=False,
+            variant="runner-list",
+        ),
+        # The draft runners are the draft worker's `draft_runners`.
+        _v(
+            "0.5.17",
+            "draft-runners",
+            f"{SG}.speculative.base_spec_worker.BaseSpecWorker.update_weights_from_disk",
+            "self",
+            "recv_req",
+            kind="source",
+            expected=("for runner in self.draft_worker.draft_runners",),
+        ),
     ),
-    _c(
-        "speculative worker", f"{SG}.managers.tp_worker.TpModelWorker.weight_update_runners", "self"
+    _with_variants(
+        _c(
+            "speculative worker",
+            f"{SG}.managers.tp_worker.TpModelWorker.weight_update_runners",
+            "self",
+            variant="runner-list",
+        ),
+        # The target worker's runner is its `model_runner` property.
+        _v(
+            "0.5.17",
+            "model-runner",
+            f"{SG}.managers.tp_worker.TpModelWorker.model_runner",
+            kind="class",
+        ),
     ),
     # tokenizer manager (main process): health gate
     _c(
@@ -256,19 +375,46 @@ CONTRACTS: tuple[Contract, ...] = (
         "request",
         is_async=True,
     ),
-    _c(
-        "tokenizer manager",
-        f"{SG}.managers.tokenizer_manager.TokenizerManager._set_engine_state_field",
-        "self",
-        "name",
-        "value",
+    _with_variants(
+        _c(
+            "tokenizer manager",
+            f"{SG}.managers.tokenizer_manager.TokenizerManager._set_engine_state_field",
+            "self",
+            "name",
+            "value",
+            variant="state-field",
+        ),
+        # server_status is a plain instance attribute: the gate guards it with a property.
+        _v(
+            "0.5.17",
+            "plain-attribute",
+            f"{SG}.managers.tokenizer_manager.TokenizerManager.init_running_status",
+            "self",
+            kind="source",
+            expected=("self.server_status = ServerStatus.Starting",),
+        ),
     ),
-    _c(
-        "tokenizer manager",
-        f"{SG}.managers.tokenizer_manager.TokenizerManager.is_healthy",
-        "self",
-        kind="source",
-        expected=("self.server_status == ServerStatus.Up",),
+    _with_variants(
+        _c(
+            "tokenizer manager",
+            f"{SG}.managers.tokenizer_manager.TokenizerManager.is_healthy",
+            "self",
+            kind="source",
+            expected=("self.server_status == ServerStatus.Up",),
+            variant="is-healthy",
+        ),
+        # No is_healthy: the health endpoint itself answers 503 while Starting.
+        _v(
+            "0.5.17",
+            "health-endpoint",
+            f"{SG}.entrypoints.http_server.health_generate",
+            "request",
+            kind="source",
+            expected=(
+                "tokenizer_manager.server_status == ServerStatus.Starting",
+                "return Response(status_code=503)",
+            ),
+        ),
     ),
     _c(
         "tokenizer manager",
@@ -370,7 +516,11 @@ def _check_one(c: Contract) -> tuple[str | None, str]:
     try:
         obj = _resolve(c.target)
     except LookupError as exc:
+        if c.kind == "absent":
+            return None, "absent"
         return str(exc), ""
+    if c.kind == "absent":
+        return f"{c.target} exists (this variant expects it absent)", ""
     obj = _unwrap(obj)
     if c.kind == "value":
         if obj != c.expected:
@@ -408,22 +558,104 @@ def _check_one(c: Contract) -> tuple[str | None, str]:
         missing = [s for s in c.expected if s not in src]
         if missing:
             return f"{c.target} no longer contains {', '.join(repr(m) for m in missing)}", text
+        present = [s for s in c.absent if s in src]
+        if present:
+            return f"{c.target} contains {', '.join(repr(m) for m in present)}", text
     return None, text
+
+
+@attrs.frozen
+class Report:
+    """What `check()` found: unmet contracts, the digest, and the variant in use of each met
+    contract (by contract key)."""
+
+    problems: tuple[tuple[str, str], ...]
+    digest: str
+    in_use: dict[str, Contract]
+
+    def variants(self) -> dict[str, str]:
+        """contract key -> "<seen_in>:<variant>" of the variant in use."""
+        return {k: f"{c.seen_in}:{c.variant}" for k, c in self.in_use.items()}
+
+
+# The variants in use of the SGLang build this process last checked against CONTRACTS.
+_CHECKED: dict[str, Contract] | None = None
+
+
+def _requirement_problem(alt: Contract, in_use: dict[str, Contract]) -> str | None:
+    """A variant that only holds together with another contract's variant (checked earlier in
+    the table) is unmet when that one is not in use."""
+    for key, variant in alt.requires:
+        have = in_use.get(key)
+        if have is None or have.variant != variant:
+            found = "no variant" if have is None else f"variant {have.variant!r}"
+            return f"{alt.target}: needs {key} met by variant {variant!r}, found {found}"
+    return None
+
+
+def _label(c: Contract) -> str:
+    return f"variant {c.variant!r} (seen in {c.seen_in})"
+
+
+def report(contracts: Iterable[Contract] = CONTRACTS) -> Report:
+    """Checks every contract, picking per contract the first variant the running build meets."""
+    global _CHECKED
+    contracts = tuple(contracts)
+    problems: list[tuple[str, str]] = []
+    in_use: dict[str, Contract] = {}
+    h = hashlib.sha256()
+    for c in contracts:
+        misses: list[tuple[Contract, str]] = []
+        for alt in c.alternatives():
+            problem, text = _check_one(alt)
+            if problem is None:
+                problem = _requirement_problem(alt, in_use)
+            if problem is None:
+                in_use[c.key] = alt
+                h.update(
+                    f"{c.group}\0{c.key}\0{alt.seen_in}:{alt.variant}\0{alt.target}\0{text}\0".encode()
+                )
+                break
+            misses.append((alt, problem))
+        else:
+            h.update(f"{c.group}\0{c.key}\0unmet\0".encode())
+            if len(misses) == 1:
+                problems.append((c.group, misses[0][1]))
+            else:
+                problems.append(
+                    (
+                        c.group,
+                        f"{c.key}: no variant met: "
+                        + "; ".join(f"{_label(alt)}: {m}" for alt, m in misses),
+                    )
+                )
+    ep_problem = _entry_point_problem()
+    if ep_problem:
+        problems.append(("entry-point group", ep_problem))
+    if contracts is CONTRACTS:
+        _CHECKED = dict(in_use)
+    return Report(tuple(problems), "sha256:" + h.hexdigest(), in_use)
 
 
 def check(contracts: Iterable[Contract] = CONTRACTS) -> tuple[list[tuple[str, str]], str]:
     """Checks every contract; returns (problems as (group, message), source-contract digest)."""
-    problems: list[tuple[str, str]] = []
-    h = hashlib.sha256()
-    for c in contracts:
-        problem, text = _check_one(c)
-        if problem is not None:
-            problems.append((c.group, problem))
-        h.update(f"{c.group}\0{c.target}\0{text}\0".encode())
-    ep_problem = _entry_point_problem()
-    if ep_problem:
-        problems.append(("entry-point group", ep_problem))
-    return problems, "sha256:" + h.hexdigest()
+    found = report(contracts)
+    return list(found.problems), found.digest
+
+
+def variant_in_use(key: str) -> str:
+    """The name of the variant of contract `key` (its first target) the running build meets;
+    checks the installed SGLang first if this process has not. Raises ContractError when no
+    variant of it is met."""
+    if _CHECKED is None:
+        report()
+    assert _CHECKED is not None
+    if key not in _CHECKED:
+        found = report()
+        if key not in found.in_use:
+            raise ContractError([(g, m) for g, m in found.problems if key in m] or [(key, "unmet")])
+        return found.in_use[key].variant
+    return _CHECKED[key].variant
 
 
 def _entry_point_problem() -> str | None:
@@ -447,23 +679,48 @@ def admit(contracts: Iterable[Contract] = CONTRACTS) -> str:
 
 
 def digest() -> str:
+    """The contract digest of the installed SGLang (it names the variant in use of each
+    contract)."""
     return check()[1]
 
 
+def variants_checked() -> dict[str, str] | None:
+    """contract key -> "<seen_in>:<variant>" of the build this process last checked, or None."""
+    if _CHECKED is None:
+        return None
+    return {k: f"{c.seen_in}:{c.variant}" for k, c in _CHECKED.items()}
+
+
 def plugin_digest() -> str:
-    """sha256 over this plugin's own source files (name and bytes), for the artifact identity."""
+    """sha256 over this plugin's own source files (name and bytes) and the contract variants in
+    use of the SGLang build this process checked (`digest()`, `check()` or `admit()` ran here:
+    the engine identity is taken first), for the artifact identity. A process that never checked
+    an SGLang build (another engine) gets the digest of the files alone."""
     from pathlib import Path
 
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
     for path in sorted(here.glob("*.py")):
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    in_use = variants_checked()
+    if in_use is not None:
+        h.update(b"variants\0")
+        for key in sorted(in_use):
+            h.update(f"{key}\0{in_use[key]}\0".encode())
     return "sha256:" + h.hexdigest()
 
 
 def describe() -> list[dict[str, Any]]:
-    """One row per contract, for docs/plugin.md."""
+    """One row per contract and variant, for docs/plugin.md."""
     return [
-        {"group": c.group, "target": c.target, "kind": c.kind, "runtime_on_cpu": c.runtime_on_cpu}
+        {
+            "group": c.group,
+            "target": alt.target,
+            "kind": alt.kind,
+            "runtime_on_cpu": c.runtime_on_cpu,
+            "seen_in": alt.seen_in,
+            "variant": alt.variant,
+        }
         for c in CONTRACTS
+        for alt in c.alternatives()
     ]

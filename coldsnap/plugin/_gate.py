@@ -6,6 +6,12 @@ release passes through and holds it there (refusing SGLang's own attempts to fli
 to `Up`, e.g. from a health probe) until every released region has been resumed and every
 scheduler rank reported a successful resume (hydration included) in its status record. A
 failed resume leaves the gate closed and the HTTP call answers with the rank's error.
+
+How SGLang's own flips to `Up` are refused depends on the contract variant in use: AROUND
+`TokenizerManager._set_engine_state_field` (variant `state-field`, seen in 0.5.23), or, where
+`server_status` is a plain instance attribute (variant `plain-attribute`, seen in 0.5.17), a
+property installed on TokenizerManager that keeps the value in the instance and refuses `Up`
+while the gate is closed.
 """
 
 from __future__ import annotations
@@ -19,12 +25,16 @@ from typing import Any
 from coldsnap._errors import PluginError
 from coldsnap._wire import MEMORY_TAGS
 
+from ._contracts import variant_in_use
 from ._records import StatusFile
 
 logger = logging.getLogger("coldsnap.plugin")
 
 SG = "sglang.srt"
 ALL_TAGS = MEMORY_TAGS
+TM = f"{SG}.managers.tokenizer_manager.TokenizerManager"
+STATE_FIELD_CONTRACT = f"{TM}._set_engine_state_field"
+STATUS_GUARD_TARGET = f"{TM}.server_status"
 
 
 class ResumeFailed(PluginError, RuntimeError):
@@ -46,18 +56,59 @@ class HealthGate:
         self.runtime_dir = runtime_dir
         self.released: set[str] = set()
         self.closed = False
+        self.guard: property | None = None
 
     def targets(self) -> list[tuple[str, str, Any]]:
         mixin = f"{SG}.managers.tokenizer_control_mixin.TokenizerControlMixin"
-        return [
+        targets = [
             (f"{mixin}.release_memory_occupation", "AROUND", self.around_release),
             (f"{mixin}.resume_memory_occupation", "AROUND", self.around_resume),
-            (
-                f"{SG}.managers.tokenizer_manager.TokenizerManager._set_engine_state_field",
-                "AROUND",
-                self.around_set_state,
-            ),
         ]
+        if variant_in_use(STATE_FIELD_CONTRACT) == "state-field":
+            targets.append((STATE_FIELD_CONTRACT, "AROUND", self.around_set_state))
+        return targets
+
+    def install_guards(self) -> list[str]:
+        """Variant `plain-attribute`: guards `TokenizerManager.server_status` with a property
+        (SGLang's hook registry cannot hook an attribute assignment). Returns the targets
+        guarded; `guards_landed()` checks they are in place."""
+        if variant_in_use(STATE_FIELD_CONTRACT) != "plain-attribute":
+            return []
+        from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+        gate = self
+
+        def get_status(tm: Any) -> Any:
+            try:
+                return tm.__dict__["server_status"]
+            except KeyError:
+                raise AttributeError("server_status") from None
+
+        def set_status(tm: Any, value: Any) -> None:
+            if gate.refuses("server_status", value):
+                logger.debug("coldsnap: health gate closed; server_status stays Starting")
+                return
+            tm.__dict__["server_status"] = value
+
+        self.guard = property(get_status, set_status)
+        TokenizerManager.server_status = self.guard
+        return [STATUS_GUARD_TARGET]
+
+    def guards_landed(self) -> bool:
+        if self.guard is None:
+            return True
+        from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+        return TokenizerManager.__dict__.get("server_status") is self.guard
+
+    def refuses(self, name: str, value: Any) -> bool:
+        """True for SGLang's own attempt to set the server status `Up` while the gate is
+        closed."""
+        return (
+            self.closed
+            and name.lstrip("_") == "server_status"
+            and getattr(value, "name", None) == "Up"
+        )
 
     # ----------------------------------------------------------- hooks
     async def around_release(
@@ -106,7 +157,7 @@ class HealthGate:
     def around_set_state(
         self, original: Any, tm: Any, name: str, value: Any, *args: Any, **kwargs: Any
     ) -> Any:
-        if self.closed and name == "_server_status" and getattr(value, "name", None) == "Up":
+        if self.refuses(name, value):
             logger.debug("coldsnap: health gate closed; server_status stays Starting")
             return None
         return original(tm, name, value, *args, **kwargs)
@@ -123,7 +174,7 @@ class HealthGate:
     def open(self, tm: Any) -> None:
         from sglang.srt.managers.tokenizer_manager import ServerStatus
 
-        self.closed = False
+        self.closed = False  # first: the status guard lets `Up` through once the gate is open
         tm.server_status = ServerStatus.Up
         self.status.update("gate_opened", gate="open")
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from coldsnap._errors import PluginError
 
-from . import _contracts
+from . import _contracts, _cuda_release
 from ._gate import HealthGate
 from ._records import StatusFile
 from ._scheduler import SchedulerHooks
@@ -100,6 +100,7 @@ def install(settings: Settings, role: str) -> tuple[str, ...]:
             "role": role,
             "mode": settings.mode,
             "contract_digest": STATE.digest,
+            "contract_variants": _contracts.variants_checked(),
             "plugin_digest": _contracts.plugin_digest(),
         },
     )
@@ -110,17 +111,23 @@ def install(settings: Settings, role: str) -> tuple[str, ...]:
     else:
         STATE.gate = HealthGate(status, settings.runtime_dir)
         targets = STATE.gate.targets()
+    targets = [*targets, *_cuda_release.targets(role, settings, status)]
     for target, kind, hook in targets:
         HookRegistry.register(target, hook, getattr(HookType, kind))
     # Apply now (idempotent for SGLang's own call after all plugins ran) so that we can check
     # the result before start-up goes on.
     HookRegistry.apply_hooks()
     missing = [t for t, _k, hook in targets if not hook_landed(t, hook)]
+    # Guards installed by the plugin itself (contract variants SGLang's registry cannot hook).
+    gate = STATE.gate if role != "scheduler" else None
+    guards = gate.install_guards() if gate is not None else []
+    if gate is not None and not gate.guards_landed():
+        missing += guards
     if missing:
         raise _fail(
             "coldsnap plugin: hooks did not land (SGLang logged why): " + ", ".join(missing)
         )
-    STATE.landed = tuple(t for t, _k, _h in targets)
+    STATE.landed = tuple(t for t, _k, _h in targets) + tuple(guards)
     status.update("hooks_landed", hooks=list(STATE.landed))
     return STATE.landed
 

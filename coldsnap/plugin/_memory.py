@@ -105,6 +105,12 @@ class HostDiscardBackend:
 HOST_BACKEND = HostDiscardBackend()
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 class ColdsnapMemorySaverAdapter:
     """Wraps the adapter SGLang created; adds host discard for CPU weight storages.
 
@@ -118,8 +124,17 @@ class ColdsnapMemorySaverAdapter:
         self.inner = inner
         self.live_backing = live_backing
         self.host = host
+        self.cuda = _cuda_available()
+        if self.cuda and live_backing in ("host_discard", "none"):
+            # Neither frees device memory: released weights and KV would stay resident.
+            raise MemoryBackendError(
+                f"COLDSNAP_LIVE_BACKING={live_backing} frees no device memory; on CUDA use "
+                "torch_memory_saver or auto, and start SGLang with --enable-memory-saver"
+            )
 
     def _host_active(self) -> bool:
+        if self.cuda:
+            return False  # device memory: the memory saver's work, measured at release
         if self.live_backing == "host_discard":
             return True
         if self.live_backing == "auto":

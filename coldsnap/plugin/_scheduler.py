@@ -9,6 +9,12 @@ NCCL. Stage 2: native (SGLang's resume, hydrate in place) or recovery (resume we
 each runner from its own pinned path through SGLang's update-from-disk, then the other tags
 in a second phase); check the registry, TP barrier, status. The barrier runs on every path so
 no rank is left waiting, and the HTTP-owning rank never answers before the group is done.
+
+Contract variants (coldsnap.plugin._contracts) decide two things here: whether weights are
+committed in a separate `finalize_startup_weight_load` (variant `deferred-commit`, hooked) or
+are final when `load_model` returns (`none`: nothing more to hook), and how the runners of a
+recovery reload are found (`selector`: SGLang's `_select_runners`; `tp-and-draft-worker`: the
+target worker's `model_runner` and the draft worker's `draft_runners`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from coldsnap._errors import PluginError
 from coldsnap._wire import MEMORY_TAGS, WEIGHTS, read_plan
 
 from . import _nccl, _payload
+from ._contracts import variant_in_use
 from ._memory import HOST_BACKEND, ColdsnapMemorySaverAdapter
 from ._records import SHAPE_PLAN_FILE, SHAPE_PLAN_FORMAT, SHAPE_PLAN_KIND, StatusFile
 from ._settings import Settings
@@ -35,6 +42,10 @@ logger = logging.getLogger("coldsnap.plugin")
 
 SG = "sglang.srt"
 ALL_TAGS = MEMORY_TAGS
+_MR = f"{SG}.model_executor.model_runner.ModelRunner"
+_WU = f"{SG}.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
+FINALIZE_CONTRACT = f"{_MR}.finalize_startup_weight_load"
+SELECT_RUNNERS_CONTRACT = f"{_WU}._select_runners"
 
 
 class ShapeCalibrationError(PluginError, RuntimeError):
@@ -103,10 +114,10 @@ class SchedulerHooks:
                 self.create_adapter,
             ),
             (f"{mr}.load_model", "AFTER", self.after_load_model),
-            (
-                f"{mr}.finalize_startup_weight_load",
-                "AFTER",
-                self.after_finalize_startup_weight_load,
+            *(
+                [(FINALIZE_CONTRACT, "AFTER", self.after_finalize_startup_weight_load)]
+                if variant_in_use(FINALIZE_CONTRACT) == "deferred-commit"
+                else []
             ),
             (f"{mr}.init_cuda_graphs", "AROUND", self.around_init_cuda_graphs),
             (f"{wu}.release_memory_occupation", "AROUND", self.around_release),
@@ -328,7 +339,7 @@ class SchedulerHooks:
             original(mgr, _with_tags(recv_req, [WEIGHTS]), *args, **kwargs)
             load_format = plan.load_format or self.settings.recovery_load_format
             loaded = {}
-            for role, runner in mgr._select_runners("all"):
+            for role, runner in weight_runners(mgr):
                 path = plan.checkpoint if role == "target" else plan.draft_checkpoint
                 ok, message = runner.weight_updater.update_weights_from_disk(path, load_format)
                 if not ok:
@@ -456,6 +467,20 @@ class SchedulerHooks:
 
     def _freed_by(self) -> str:
         return self.adapters[0].freed_by() if self.adapters else "none"
+
+
+def weight_runners(mgr: Any) -> list[tuple[str, Any]]:
+    """(role, runner) of every model runner a weight operation applies to, the way the running
+    build names them (contract variant)."""
+    if variant_in_use(SELECT_RUNNERS_CONTRACT) == "selector":
+        return list(mgr._select_runners("all"))
+    runners: list[tuple[str, Any]] = [("target", mgr.tp_worker.model_runner)]
+    spec = mgr.draft_worker
+    if spec is not None:
+        inner = spec.draft_worker  # BaseSpecWorker: its draft worker holds the runners
+        if inner is not None:
+            runners += [("draft", runner) for runner in inner.draft_runners]
+    return runners
 
 
 def _output(name: str) -> Any:

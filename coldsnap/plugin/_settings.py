@@ -44,7 +44,9 @@ class Settings:
         engine constructed from a restored n580 template).
     live_backing: how released weights give their memory back: torch_memory_saver (CUDA VMM
         regions), host_discard (CPU: the pages of the registered storages are returned to the
-        kernel and refilled in place by hydration), auto (the first that applies), none.
+        kernel and refilled in place by hydration), auto (the first that applies), none. On
+        CUDA only torch_memory_saver and auto are accepted (the memory adapter refuses the others
+        when it is created: they free no device memory).
     """
 
     mode: str = "off"

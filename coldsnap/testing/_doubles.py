@@ -483,7 +483,7 @@ class MemoryEngine(_Double):
         if proc["exports"] and proc["weights"] != "released":
             self.world.resources[key] = {"weights": proc["weights"]}
         proc.update(weights="released", kv="released")
-        return {s.EXPORT_DIR.name: key}
+        return {s.EXPORT_DIR.name: key, s.RESIDUAL_DEVICE_BYTES.name: 0}
 
     def resume_memory(self, ctx: StepContext) -> None:
         """Undoes release: the weights come back from the checkpoint, and the export the release

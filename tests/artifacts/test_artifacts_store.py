@@ -3,6 +3,7 @@ permissions, symlink refusal, and verification catching corruption."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -390,3 +391,112 @@ def test_damaged_capsule_manifests_are_refused(damage):
         "format": "format",
     }
     assert info.value.fields == (named[what],), str(info.value)
+
+
+# -- issue 16, item 4: verify sees what is missing or stray; gc and publish fail clearly -------
+
+
+def _published(tmp_path: Path) -> tuple[Store, str, Capsule]:
+    store = Store(tmp_path / "s")
+    capsule = capsule_of(store, {"a": b"alpha", "b": b"beta"})
+    return store, store.publish(capsule, tag="cap"), capsule
+
+
+def _bad(store: Store) -> str:
+    report = store.verify()
+    assert not report.ok
+    return "\n".join(f"{where}: {why}" for where, why in report.bad)
+
+
+def test_verify_reports_a_missing_member_object(tmp_path):
+    store, _, capsule = _published(tmp_path)
+    store.path(capsule.members[0].digest).unlink()
+    assert "member 'a'" in _bad(store) and "missing" in _bad(store)
+
+
+def test_verify_reports_a_missing_manifest_object(tmp_path):
+    store, digest, _ = _published(tmp_path)
+    store.path(digest).unlink()
+    assert digest in _bad(store) and "manifest" in _bad(store)
+
+
+def test_verify_reports_a_stray_file_in_a_shard(tmp_path):
+    store, _, capsule = _published(tmp_path)
+    shard = store.path(capsule.members[0].digest).parent
+    (shard / "not-an-object").write_bytes(b"x")
+    assert "not-an-object" in _bad(store)
+
+
+def test_verify_reports_a_garbage_tag_file(tmp_path):
+    store, _, _ = _published(tmp_path)
+    (store.root / "tags" / "cap").write_bytes(b"\x00garbage")
+    assert "tag 'cap'" in _bad(store)
+
+
+def test_verify_reports_a_tag_naming_no_capsule(tmp_path):
+    store, digest, _ = _published(tmp_path)
+    (store.root / "capsules" / digest.removeprefix("sha256:")).unlink()
+    assert "tag 'cap'" in _bad(store)
+
+
+def test_gc_removes_a_stale_directory_in_tmp(tmp_path):
+    store, _, _ = _published(tmp_path)
+    stale = store.root / "tmp" / "leftover"
+    (stale / "deeper").mkdir(parents=True)
+    (stale / "deeper" / "f").write_bytes(b"x")
+    store.gc(grace_s=0)
+    assert not stale.exists()
+    assert store.verify().ok
+
+
+def test_a_member_name_segment_over_255_characters_is_refused(tmp_path):
+    long = "a" * 256
+    assert "255" in (member_name_problem(f"image/{long}") or "")
+    assert member_name_problem("image/" + "a" * 255) is None
+    with pytest.raises((RecordError, ValueError), match="255"):
+        Member("process-image", f"image/{long}", sha(b"x"), 1)
+
+
+_STORE_DIRS = ["", "objects", "objects/sha256", "capsules", "tags", "tmp", "locks"]
+
+
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_a_damaged_store_layout_is_reported_never_crashes(tmp_path_factory, data):
+    """Damage of any kind to a store: verify reports, gc and reads fail closed with a StoreError
+    or RecordError, never a raw OSError or KeyError."""
+    from coldsnap.artifacts import ArtifactError
+
+    store, digest, _ = _published(tmp_path_factory.mktemp("store"))
+    files = sorted(p for p in store.root.rglob("*") if p.is_file() and "locks" not in p.parts)
+    how = data.draw(st.sampled_from(["garbage", "truncate", "remove", "dir", "fifo", "file"]))
+    if how in ("garbage", "truncate", "remove"):
+        victim = data.draw(st.sampled_from(files))
+        if how == "garbage":
+            victim.write_bytes(data.draw(st.binary(max_size=64)))
+        elif how == "truncate":
+            victim.write_bytes(victim.read_bytes()[: data.draw(st.integers(0, 5))])
+        else:
+            victim.unlink()
+    else:
+        where = store.root / data.draw(
+            st.sampled_from([*_STORE_DIRS, "objects/sha256/" + digest[7:9]])
+        )
+        name = data.draw(st.text("abcdef0123456789xyz.-", min_size=1, max_size=70))
+        target = where / name
+        if target.exists():
+            return
+        if how == "dir":
+            target.mkdir()
+        elif how == "fifo":
+            os.mkfifo(target)
+        else:
+            target.write_bytes(b"stray")
+    store = Store(store.root)
+    report = store.verify()
+    assert isinstance(report.ok, bool)
+    for action in (lambda: store.capsule("cap"), lambda: store.gc(grace_s=0), store.tags):
+        with contextlib.suppress(ArtifactError):
+            action()

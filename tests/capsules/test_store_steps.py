@@ -5,6 +5,7 @@ capsule out or refuses it, naming why."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,6 +100,7 @@ def _restore_request(tmp_path: Path, **changes: Any) -> SimpleNamespace:
         artifact="cap",
         store=str(tmp_path / "store"),
         model=None,
+        tp=None,
     )
     fields.update(changes)
     return SimpleNamespace(**fields)
@@ -114,7 +116,7 @@ def _tree(root: Path, files: dict[str, bytes]) -> Path:
 def _seal(
     tmp_path: Path, model: Path, *, payload: bool, name: str = "cap", image: bytes = b"pages"
 ) -> Ctx:
-    op = tmp_path / f"op-{name}-{image.hex()}"
+    op = tmp_path / f"op-{name}-{hashlib.sha256(image).hexdigest()[:16]}"
     facts: dict[str, Any] = {
         s.ENGINE_URL.name: "http://127.0.0.1:1234",
         s.RUNTIME_DIR.name: "/run/coldsnap/engines/x",
@@ -282,3 +284,128 @@ def test_layout_fails_on_any_other_link_error(linked: Any, tmp_path: Path, monke
     monkeypatch.setattr(_steps.os, "link", denied)
     with pytest.raises(PermissionError):
         _steps._link_tree(store, members, "image", tmp_path / "out")
+
+
+# -- issue 16: every image member verified at admission (item 2); the request's model and
+# topology compared with what the capsule binds (item 10) -------------------------------------
+
+
+def _image_object(tmp_path: Path, member: str = "image/core-1.img") -> Path:
+    store = Store(tmp_path / "store")
+    capsule = store.capsule("cap")
+    (found,) = [m for m in capsule.members if m.name == member]
+    return store.path(found.digest)
+
+
+def _flip(path: Path, offset: int = 0) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda p: _flip(p),
+        lambda p: _flip(p, offset=-1),
+        lambda p: p.write_bytes(p.read_bytes()[:-1]),
+        lambda p: p.write_bytes(p.read_bytes() + b"x"),
+    ],
+    ids=["first-byte", "last-byte", "truncated", "extended"],
+)
+def test_admit_refuses_a_damaged_image_member(tmp_path: Path, model: Path, damage) -> None:
+    from coldsnap.artifacts import IntegrityError
+
+    _seal(tmp_path, model, payload=False, image=b"pages" * 1000)
+    damage(_image_object(tmp_path))
+    with pytest.raises(IntegrityError, match=r"image/core-1\.img"):
+        _admit(tmp_path)
+    assert not (tmp_path / "res" / "image").exists(), "no unverified image is left laid out"
+
+
+def test_admit_refuses_a_damaged_member_it_laid_out_before(tmp_path: Path, model: Path) -> None:
+    """A retried admit keeps files laid out before, but verifies them again."""
+    from coldsnap.artifacts import IntegrityError
+
+    _seal(tmp_path, model, payload=False, image=b"pages" * 1000)
+    ctx = _admit(tmp_path)
+    _flip(Path(ctx.facts[s.IMAGE_DIR.name]) / "sub" / "pages.img")
+    with pytest.raises(IntegrityError, match=r"image/sub/pages\.img"):
+        _admit(tmp_path)
+
+
+@pytest.fixture
+def small_blocks(monkeypatch) -> int:
+    from coldsnap.artifacts import _capsule
+
+    monkeypatch.setattr(_capsule, "BLOCK_BYTES", 1024)
+    monkeypatch.setattr(_steps, "BLOCK_BYTES", 1024)
+    return 1024
+
+
+def test_admit_verifies_each_block_on_many_threads(
+    tmp_path: Path, model: Path, monkeypatch, small_blocks: int
+) -> None:
+    import threading
+
+    seen: list[tuple[str, int]] = []
+    real = _steps._hash_block
+
+    def spy(path: Path, block: int) -> str:
+        seen.append((threading.current_thread().name, block))
+        return real(path, block)
+
+    _seal(tmp_path, model, payload=False, image=b"pages" * 1000)  # 5000 bytes: 5 blocks
+    image = Store(tmp_path / "store").capsule("cap").member("image/core-1.img")
+    assert len(image.blocks) == 5
+    monkeypatch.setattr(_steps, "_hash_block", spy)
+    _admit(tmp_path)
+    assert sorted(b for _, b in seen) == [0, 0, 1, 2, 3, 4]  # and the 1-byte sub/pages.img
+    assert all(name.startswith("coldsnap-verify") for name, _ in seen)
+
+
+def test_admit_names_the_damaged_block(tmp_path: Path, model: Path, small_blocks: int) -> None:
+    from coldsnap.artifacts import IntegrityError
+
+    _seal(tmp_path, model, payload=False, image=b"pages" * 1000)
+    _flip(_image_object(tmp_path), offset=3 * 1024 + 7)
+    with pytest.raises(IntegrityError, match=r"image/core-1\.img'?: block 3 "):
+        _admit(tmp_path)
+
+
+def _model(model: Path, **changes: str) -> SimpleNamespace:
+    fields = {"id": "org/toy", "revision": "r1", "path": str(model)}
+    fields.update(changes)
+    return SimpleNamespace(**fields)
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "captured", "asked"),
+    [
+        ({"revision": "r2"}, "model.revision", "r1", "r2"),
+        ({"id": "org/other"}, "model.id", "org/toy", "org/other"),
+    ],
+)
+def test_admit_refuses_a_request_for_another_model(
+    tmp_path: Path, model: Path, changes, field, captured, asked
+) -> None:
+    _seal(tmp_path, model, payload=False)
+    with pytest.raises(IncompatibleArtifact) as info:
+        _admit(tmp_path, model=_model(model, **changes))
+    assert [(d.field, d.expected, d.found) for d in info.value.differences] == [
+        (field, captured, asked)
+    ]
+    assert f"{field}: expected {captured}, found {asked}" in str(info.value)
+    assert not (tmp_path / "res").exists()
+
+
+def test_admit_refuses_a_request_for_another_topology(tmp_path: Path, model: Path) -> None:
+    _seal(tmp_path, model, payload=False)
+    with pytest.raises(IncompatibleArtifact, match="tp: expected 1, found 2"):
+        _admit(tmp_path, tp=2)
+    assert not (tmp_path / "res").exists()
+
+
+def test_admit_takes_a_request_for_the_captured_model(tmp_path: Path, model: Path) -> None:
+    _seal(tmp_path, model, payload=False)
+    assert _admit(tmp_path, model=_model(model), tp=1).facts[s.IMAGE_DIR.name]

@@ -15,9 +15,17 @@ import httpx
 import psutil
 import pytest
 
-from coldsnap._wire import PLAN_FILE, PlanError, read_plan
+from coldsnap._errors import DefinitionError
+from coldsnap._wire import (
+    PLAN_FILE,
+    STATUS_FORMAT,
+    STATUS_KIND,
+    PlanError,
+    read_plan,
+    status_path,
+)
 from coldsnap.engines import EngineError
-from coldsnap.engines.sglang import SGLangEngine, SGLangLauncher, register
+from coldsnap.engines.sglang import GRAPH_SAVER_ENV, SGLangEngine, SGLangLauncher, register
 from coldsnap.machine import Engine, Registry
 from coldsnap.machine import steps as s
 
@@ -29,16 +37,70 @@ ENGINE_STEPS = {
 TOKENS = [11, 12, 13]
 
 
-class MockSGLang:
-    """A mock SGLang: records (method, path, body) and answers like the real endpoints."""
+GIB = 2**30
 
-    def __init__(self, ready: int = 200) -> None:
+
+def measured(**resident: int) -> dict[str, Any]:
+    """The plugin's measurement of a release on cuda:0 (coldsnap.plugin._cuda_release)."""
+    regions = {"weights": 2 * GIB, "kv_cache": 40 * GIB}
+    return {
+        "device": "cuda:0",
+        "tags": ["kv_cache", "weights"],
+        "regions": {
+            t: {"bytes": n, "resident_bytes": resident.get(t, 0), "tensors": 3}
+            for t, n in regions.items()
+        },
+        "resident": {t: n for t, n in resident.items() if n},
+        "device_used_before": 44 * GIB,
+        "device_used_after": 44 * GIB if resident else GIB + 5,
+        "device_freed": 0 if resident else 43 * GIB - 5,
+        "residual_device_bytes": 44 * GIB if resident else GIB + 5,
+        "error": None,
+    }
+
+
+class MockSGLang:
+    """A mock SGLang: records (method, path, body) and answers like the real endpoints. With
+    `runtime_dir` and `report`, each release writes the schedulers' status records as the
+    plugin does (`report` is the cuda_release field of each; `outcome` their outcome)."""
+
+    def __init__(
+        self,
+        ready: int = 200,
+        *,
+        runtime_dir: Path | None = None,
+        report: dict[str, Any] | None = None,
+        ranks: int = 1,
+        outcome: str = "ok",
+    ) -> None:
         self.calls: list[tuple[str, str, Any]] = []
         self.ready = ready
+        self.runtime_dir = runtime_dir
+        self.report = report
+        self.ranks = ranks
+        self.outcome = outcome
+
+    def _write_status(self) -> None:
+        assert self.runtime_dir is not None
+        for rank in range(self.ranks):
+            record: dict[str, Any] = {
+                "format": STATUS_FORMAT,
+                "kind": STATUS_KIND,
+                "process": f"scheduler-tp{rank}",
+                "outcome": self.outcome,
+                "error": None if self.outcome == "ok" else "RuntimeError: export failed",
+            }
+            if self.report is not None:
+                record["cuda_release"] = {**self.report, "at": time.time()}
+            path = status_path(self.runtime_dir, f"scheduler-tp{rank}")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(record))
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content) if request.content else None
         self.calls.append((request.method, request.url.path, body))
+        if request.url.path == "/release_memory_occupation" and self.runtime_dir is not None:
+            self._write_status()
         if request.url.path == "/ready":
             return httpx.Response(self.ready)
         if request.url.path == "/generate":
@@ -62,10 +124,12 @@ def ctx(tmp_path: Path, **facts: Any) -> Any:
     )
 
 
-def adapter(mock: MockSGLang, *, graphs: bool = False) -> SGLangEngine:
+def adapter(mock: MockSGLang, *, graphs: bool = False, cuda: bool = False) -> SGLangEngine:
+    env = {GRAPH_SAVER_ENV: "1"} if graphs else {}
     return SGLangEngine(
-        SGLangLauncher(),
+        SGLangLauncher((), env),
         graphs=graphs,
+        cuda=cuda or graphs,
         identity=lambda: ("sglang", "0", "sha256:x"),
         transport=httpx.MockTransport(mock),
     )
@@ -80,7 +144,7 @@ def test_it_is_an_engine_with_capabilities_not_names() -> None:
 
 @pytest.mark.parametrize("graphs", [False, True])
 def test_each_step_returns_only_what_its_step_makes(tmp_path: Path, graphs: bool) -> None:
-    mock = MockSGLang()
+    mock = MockSGLang(runtime_dir=tmp_path, report=measured())
     engine = adapter(mock, graphs=graphs)
     source = {"provider": "recovery", "checkpoint": "/models/m"}
     c = ctx(
@@ -98,8 +162,102 @@ def test_each_step_returns_only_what_its_step_makes(tmp_path: Path, graphs: bool
 def test_release_names_the_tags_and_the_export_dir(tmp_path: Path) -> None:
     mock = MockSGLang()
     made = adapter(mock).release_memory(ctx(tmp_path))
-    assert made == {s.EXPORT_DIR.name: str(tmp_path / "payload")}
+    assert made == {s.EXPORT_DIR.name: str(tmp_path / "payload"), s.RESIDUAL_DEVICE_BYTES.name: 0}
     assert mock.tags("/release_memory_occupation") == [["kv_cache", "weights"]]
+
+
+def test_a_cuda_release_makes_the_residual_summed_over_ranks(tmp_path: Path) -> None:
+    mock = MockSGLang(runtime_dir=tmp_path, report=measured(), ranks=2)
+    made = adapter(mock, cuda=True).release_memory(ctx(tmp_path))
+    assert made[s.RESIDUAL_DEVICE_BYTES.name] == 2 * (GIB + 5)
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_a_release_that_leaves_weights_or_kv_resident_is_refused_naming_them(
+    tmp_path: Path, cuda: bool
+) -> None:
+    """The memory saver off: SGLang's release returns, nothing left the device."""
+    mock = MockSGLang(runtime_dir=tmp_path, report=measured(weights=2 * GIB, kv_cache=40 * GIB))
+    with pytest.raises(EngineError) as err:
+        adapter(mock, cuda=cuda).release_memory(ctx(tmp_path))
+    text = str(err.value)
+    assert "scheduler-tp0 (cuda:0): still resident after the release" in text
+    assert f"kv_cache {40 * GIB} B (40.000 GiB) of {40 * GIB} B" in text
+    assert f"weights {2 * GIB} B (2.000 GiB) of {2 * GIB} B" in text
+    assert "freed 0 B" in text
+    assert ("--enable-memory-saver" in text) is cuda
+
+
+def test_a_partly_resident_region_is_refused_too(tmp_path: Path) -> None:
+    mock = MockSGLang(runtime_dir=tmp_path, report=measured(kv_cache=4096))
+    with pytest.raises(EngineError, match=r"kv_cache 4096 B \(0.000 GiB\) of"):
+        adapter(mock, cuda=True).release_memory(ctx(tmp_path))
+
+
+def test_a_cuda_release_nobody_measured_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(EngineError, match="no scheduler status record"):
+        adapter(MockSGLang(), cuda=True).release_memory(ctx(tmp_path))
+    mock = MockSGLang(runtime_dir=tmp_path, report=None)
+    with pytest.raises(EngineError, match="scheduler-tp0: no measurement of this release"):
+        adapter(mock, cuda=True).release_memory(ctx(tmp_path))
+
+
+def test_a_stale_measurement_is_not_taken_for_this_release(tmp_path: Path) -> None:
+    old = {**measured(), "at": time.time() - 60}
+    path = status_path(tmp_path, "scheduler-tp0")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"format": STATUS_FORMAT, "kind": STATUS_KIND, "cuda_release": old}))
+    with pytest.raises(EngineError, match="no measurement of this release"):
+        adapter(MockSGLang(), cuda=True).release_memory(ctx(tmp_path))
+
+
+def test_a_measurement_error_or_a_cpu_measurement_on_cuda_is_refused(tmp_path: Path) -> None:
+    report = {**measured(), "error": "found no device tensors of region(s) kv_cache to check"}
+    mock = MockSGLang(runtime_dir=tmp_path, report=report)
+    with pytest.raises(EngineError, match="could not be measured: found no device tensors"):
+        adapter(mock, cuda=True).release_memory(ctx(tmp_path))
+    mock = MockSGLang(runtime_dir=tmp_path, report={**measured(), "device": "cpu"})
+    with pytest.raises(EngineError, match="measured on cpu, but this engine runs on CUDA"):
+        adapter(mock, cuda=True).release_memory(ctx(tmp_path))
+
+
+def test_a_release_the_plugin_refused_fails_the_step(tmp_path: Path) -> None:
+    mock = MockSGLang(runtime_dir=tmp_path, report=None, outcome="failed")
+    with pytest.raises(EngineError, match="the plugin refused the release: RuntimeError: export"):
+        adapter(mock).release_memory(ctx(tmp_path))
+
+
+def test_graphs_only_with_the_graph_saver_on_cuda() -> None:
+    """Without SGLANG_MEMORY_SAVER_CUDA_GRAPH=1 releasing cuda_graph frees nothing: no graph
+    step may be selected (capability cuda_graphs) for it."""
+    with pytest.raises(DefinitionError, match="SGLANG_MEMORY_SAVER_CUDA_GRAPH=1"):
+        SGLangEngine(SGLangLauncher(), graphs=True, cuda=True)
+    with pytest.raises(DefinitionError, match="needs cuda=True"):
+        SGLangEngine(SGLangLauncher((), {GRAPH_SAVER_ENV: "1"}), graphs=True)
+    engine = SGLangEngine(SGLangLauncher(), cuda=True)
+    assert engine.capabilities == frozenset()
+
+
+@pytest.mark.parametrize("saver", [None, "1"])
+def test_build_on_cuda_runs_the_memory_saver_and_claims_graphs_only_with_the_saver(
+    monkeypatch: pytest.MonkeyPatch, saver: str | None
+) -> None:
+    import torch
+
+    from coldsnap.engines.sglang import build
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    if saver is None:
+        monkeypatch.delenv(GRAPH_SAVER_ENV, raising=False)
+    else:
+        monkeypatch.setenv(GRAPH_SAVER_ENV, saver)
+    engine = build(SimpleNamespace())
+    assert engine.cuda is True
+    assert "--enable-memory-saver" in engine.launcher.base_args
+    assert engine.graphs is (saver == "1")
+    assert engine.capabilities == (frozenset({"cuda_graphs"}) if saver else frozenset())
+    prefill_off = "--cuda-graph-backend-prefill" in engine.launcher.base_args
+    assert prefill_off is (saver == "1")
 
 
 @pytest.mark.parametrize(

@@ -88,6 +88,101 @@ def test_a_bad_request_file_names_the_field(tmp_path: Path) -> None:
                                 "provider": "native", "artifact": "x",
                                 "workdir": "rel", "store": str(tmp_path)}))  # fmt: skip
     result = CliRunner().invoke(main, ["restore", str(path)])
-    assert result.exit_code != 0
-    assert "request field 'workdir': must be an absolute path" in str(result.exception)
+    assert result.exit_code == 2
+    assert "field 'workdir': must be an absolute path" in result.stderr
     assert not (tmp_path / "rel").exists()
+
+
+# -- exit codes and errors (issue 16, item 9) ---------------------------------------------------
+
+
+def _one_line_error(result: Any) -> str:
+    assert "Traceback" not in result.stderr and "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("coldsnap: "), result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"keep_source": "false"}, "keep_source"),
+        ({"engine_args": "--abc"}, "engine_args"),
+        ({"tp": 2.7}, "tp"),
+        ({"colour": "blue"}, "colour"),
+        ({"model": {"id": "x", "revision": 1, "path": "/"}}, "model.revision"),
+    ],
+)
+@pytest.mark.parametrize("command", ["capture", "plan"])
+def test_a_request_is_parsed_strictly(tmp_path: Path, command: str, fields, field) -> None:
+    result = CliRunner().invoke(main, [command, str(_request_file(tmp_path, **fields))])
+    assert result.exit_code == 2
+    assert f"'{field}'" in _one_line_error(result)
+    assert not (tmp_path / "op").exists()
+
+
+def test_a_request_that_is_not_json_is_a_bad_request(tmp_path: Path) -> None:
+    path = tmp_path / "req.json"
+    path.write_text("{not json")
+    result = CliRunner().invoke(main, ["capture", str(path)])
+    assert result.exit_code == 2
+    assert "req.json" in _one_line_error(result)
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    path = _request_file(tmp_path, tp=2.7)
+    result = CliRunner().invoke(main, ["--debug", "capture", str(path)])
+    assert result.exit_code == 2 and "Traceback" in result.stderr
+
+
+def test_resume_of_a_workdir_without_a_journal_is_a_bad_request(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["resume", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "no journal" in _one_line_error(result)
+
+
+def _memory(monkeypatch, plan) -> None:
+    from coldsnap.machine import Machine
+    from coldsnap.testing import MemoryWorld
+
+    from ._support import memory_machine
+
+    world = MemoryWorld()
+
+    def for_request(request, **kw):
+        return memory_machine(world, request, plan, **kw)
+
+    monkeypatch.setattr(Machine, "for_request", staticmethod(for_request))
+
+
+@pytest.mark.parametrize(
+    ("fail", "code", "outcome"),
+    [
+        (set(), 0, "done"),
+        ({"provider.export"}, 3, "rolled_back"),
+        ({"provider.export", "comp:driver.stop_engine"}, 4, "failed"),
+    ],
+)
+def test_exit_codes_say_how_an_operation_ended(tmp_path, monkeypatch, fail, code, outcome) -> None:
+    from coldsnap.testing import FaultPlan
+
+    _memory(monkeypatch, FaultPlan(fail=fail))
+    result = CliRunner().invoke(main, ["capture", str(_request_file(tmp_path))])
+    assert result.exit_code == code, result.output + result.stderr
+    assert json.loads(result.stdout.splitlines()[-1])["outcome"] == outcome
+    if code:
+        assert _one_line_error(result).startswith(f"coldsnap: {outcome}")
+
+
+def test_a_missing_environment_exits_5(tmp_path, monkeypatch) -> None:
+    from coldsnap.backends import CriuUnavailable
+    from coldsnap.machine import Machine
+
+    def for_request(request, **kw):
+        raise CriuUnavailable("version", "no criu binary found; run scripts/setup-criu.sh")
+
+    monkeypatch.setattr(Machine, "for_request", staticmethod(for_request))
+    result = CliRunner().invoke(main, ["capture", str(_request_file(tmp_path))])
+    assert result.exit_code == 5
+    assert "no criu binary" in _one_line_error(result)

@@ -61,6 +61,12 @@ def _capture_data(tmp: Path) -> dict:
         (lambda d: d.update(format=7), "format"),
         (lambda d: d.update(timeouts={"dump": -1}), "timeouts.dump"),
         (lambda d: d.update(kind="coldsnap.nonsense"), "kind"),
+        (lambda d: d.update(keep_source="false"), "keep_source"),
+        (lambda d: d.update(engine_args="--abc"), "engine_args"),
+        (lambda d: d.update(tp=2.7), "tp"),
+        (lambda d: d.update(tp=True), "tp"),
+        (lambda d: d.update(name=7), "name"),
+        (lambda d: d["model"].update(revision=1), "model.revision"),
     ],
 )
 def test_bad_requests_are_refused_before_any_side_effect(tmp_path, change, field) -> None:
@@ -184,7 +190,7 @@ def test_events_journal_and_receipt_agree(tmp_path) -> None:
     ends = [r.step for r in records if r.event == "step_end"]
     assert ends == [r.name for r in receipt.steps]
     assert [e.step for e in events if e.phase == "done"] == ends
-    assert all(r.format == 1 and r.kind == "coldsnap.journal-record" for r in records)
+    assert all(r.format == 2 and r.kind == "coldsnap.journal-record" for r in records)
     on_disk = json.loads((tmp_path / "cap" / "receipt.json").read_text())
     assert on_disk["kind"] == "coldsnap.receipt" and on_disk["outcome"] == "done"
     assert set(receipt.timings()) == set(ends)

@@ -172,3 +172,135 @@ def test_unapplied_hooks_stop_start_up(
         plugin.install(settings, "scheduler")
     assert "hooks did not land" in str(info.value.code)
     assert "SchedulerWeightUpdaterManager.release_memory_occupation" in str(info.value.code)
+
+
+# ------------------------------------------------------------------ variants across releases
+
+_REPORT_0517 = """
+import json
+from coldsnap.engines.sglang.cpu import activate
+activate()
+import sglang
+from coldsnap.plugin import _contracts as c
+found = c.report()
+print("COLDSNAP-REPORT " + json.dumps({
+    "sglang": sglang.__file__,
+    "problems": found.problems,
+    "variants": found.variants(),
+    "digest": found.digest,
+    "plugin_digest": c.plugin_digest(),
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def report_0517() -> dict[str, Any]:
+    """coldsnap's admission run in a child with the SGLang 0.5.17 overlay on PYTHONPATH."""
+    import json
+    import subprocess
+    import sys
+
+    from coldsnap.testing.sglang_cpu import ReleaseNotInstalled, release_env
+
+    try:
+        env = release_env("0.5.17")
+    except ReleaseNotInstalled as exc:
+        pytest.skip(str(exc))
+    done = subprocess.run(
+        [sys.executable, "-c", _REPORT_0517],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    lines = [x for x in done.stdout.splitlines() if x.startswith("COLDSNAP-REPORT ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    return json.loads(lines[-1].removeprefix("COLDSNAP-REPORT "))
+
+
+def test_both_releases_are_admitted_each_with_its_own_variants(
+    report_0517: dict[str, Any],
+) -> None:
+    from coldsnap.plugin._contracts import report
+
+    assert "sglang-0.5.17" in report_0517["sglang"]
+    assert report_0517["problems"] == []
+    here = report()
+    assert here.problems == ()
+    for c in CONTRACTS:
+        seen = {alt.seen_in: f"{alt.seen_in}:{alt.variant}" for alt in c.alternatives()}
+        # 0.5.23 (the venv's) takes each contract's first variant; 0.5.17 its own where the
+        # contract has one, else the shared one.
+        assert here.variants()[c.key] == f"{c.seen_in}:{c.variant}", c.key
+        assert report_0517["variants"][c.key] == seen.get("0.5.17", seen["0.5.23"]), c.key
+    assert sum(1 for c in CONTRACTS if c.variants) == 8
+
+
+def test_digests_name_the_variants_so_capsules_do_not_cross_builds(
+    report_0517: dict[str, Any],
+) -> None:
+    from coldsnap.plugin import digest, plugin_digest
+
+    assert report_0517["digest"] != digest()
+    assert report_0517["plugin_digest"] != plugin_digest()
+    assert report_0517["plugin_digest"].startswith("sha256:")
+
+
+def test_a_build_meeting_no_variant_is_refused_naming_each_contract(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A synthetic build: the 0.5.23 tree with the ways both releases meet two contracts
+    removed (no runner list and no model_runner property on the TP worker; no is_healthy and a
+    health endpoint that never answers 503)."""
+    import sglang.srt.entrypoints.http_server as http_server
+    import sglang.srt.managers.tokenizer_manager as tm
+    import sglang.srt.managers.tp_worker as tp_worker
+
+    async def health_generate(request: Any) -> None:
+        """Always healthy."""
+
+    monkeypatch.delattr(tp_worker.TpModelWorker, "weight_update_runners")
+    monkeypatch.delattr(tp_worker.TpModelWorker, "model_runner")
+    monkeypatch.delattr(tp_worker.BaseTpWorker, "model_runner")
+    monkeypatch.delattr(tm.TokenizerManager, "is_healthy")
+    monkeypatch.setattr(http_server, "health_generate", health_generate)
+    with pytest.raises(ContractError) as info:
+        admit()
+    text = str(info.value)
+    assert set(info.value.contracts) == {"speculative worker", "tokenizer manager"}
+    for key, variants in (
+        (
+            "TpModelWorker.weight_update_runners",
+            ("'runner-list' (seen in 0.5.23)", "'model-runner' (seen in 0.5.17)"),
+        ),
+        (
+            "TokenizerManager.is_healthy",
+            ("'is-healthy' (seen in 0.5.23)", "'health-endpoint' (seen in 0.5.17)"),
+        ),
+    ):
+        line = next(x for x in text.splitlines() if f"{key}: no variant met" in x)
+        for variant in variants:
+            assert f"variant {variant}" in line, line
+    # health_generate is also a one-variant contract of its own: reported too.
+    assert "health_generate no longer contains" in text
+    monkeypatch.undo()
+    assert check()[0] == []
+
+
+def test_a_variant_that_needs_another_variant_is_not_taken_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """0.5.23 without finalize_startup_weight_load still defers the commit in load_model: the
+    'none' variant (weights final in load_model) must not be taken."""
+    import sglang.srt.model_executor.model_runner as mr
+
+    monkeypatch.delattr(mr.ModelRunner, "finalize_startup_weight_load")
+    problems, _ = check()
+    assert [g for g, _ in problems] == ["loader"]
+    assert (
+        "needs sglang.srt.model_executor.model_runner.ModelRunner.load_model met by variant "
+        "'load-commits', found variant 'deferred-commit'" in problems[0][1]
+    )
+    monkeypatch.undo()
+    assert check()[0] == []

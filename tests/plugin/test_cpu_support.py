@@ -100,3 +100,32 @@ def test_tokenizer_round_trips_text(tmp_path: Path) -> None:
     assert len(tok) == info.vocab_size
     text = "hello world, snapshots restore 42 weights"
     assert tok.decode(tok(text).input_ids) == text
+
+
+def test_an_overlay_follows_the_stand_ins_on_pythonpath(tmp_path: Path) -> None:
+    from coldsnap.engines.sglang.cpu import OVERLAY_VARIABLE, PYTHONPATH_DIR, cpu_env
+
+    overlay = tmp_path / "sglang-x"
+    (overlay / "sglang").mkdir(parents=True)
+    (overlay / "sglang" / "__init__.py").write_text("")
+    base = {"PYTHONPATH": "/elsewhere"}
+    env = cpu_env(base, overlay=overlay)
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(PYTHONPATH_DIR), str(overlay), "/elsewhere"]
+    assert env[OVERLAY_VARIABLE] == str(overlay)
+    # Named by the base environment instead; applying it twice changes nothing.
+    again = cpu_env(env)
+    assert again["PYTHONPATH"] == env["PYTHONPATH"]
+    assert cpu_env(base)["PYTHONPATH"].split(os.pathsep) == [str(PYTHONPATH_DIR), "/elsewhere"]
+
+
+def test_an_overlay_without_sglang_is_refused_naming_the_variable(tmp_path: Path) -> None:
+    from coldsnap.engines.sglang.cpu import OverlayError, cpu_env
+    from coldsnap.testing.sglang_cpu import ReleaseNotInstalled, release_overlay
+
+    with pytest.raises(OverlayError, match=r"COLDSNAP_SGLANG_OVERLAY=.*no SGLang installed"):
+        cpu_env({}, overlay=tmp_path)
+    with pytest.raises(OverlayError, match="COLDSNAP_SGLANG_OVERLAY"):
+        cpu_env({"COLDSNAP_SGLANG_OVERLAY": str(tmp_path)})
+    with pytest.raises(ReleaseNotInstalled, match=r"release '0\.4\.0': unknown"):
+        release_overlay("0.4.0")
+    assert release_overlay("0.5.23") is None

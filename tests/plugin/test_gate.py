@@ -86,3 +86,44 @@ def test_a_refused_release_reopens_the_gate(tmp_path: Path) -> None:
 def test_a_rank_that_never_answered_is_a_failure(tmp_path: Path) -> None:
     failed = gate(tmp_path).rank_failures("op-nobody")
     assert [f["outcome"] for f in failed] == ["missing"]
+
+
+def test_plain_attribute_variant_guards_server_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where server_status is a plain instance attribute (variant seen in 0.5.17), the gate
+    puts a property on TokenizerManager: SGLang's own `Up` (a health probe, warm-up) is refused
+    while the gate is closed, and the gate's own open goes through."""
+    from sglang.srt.managers.tokenizer_manager import ServerStatus, TokenizerManager
+
+    import coldsnap.plugin._gate as gate_module
+    from coldsnap.plugin._gate import STATE_FIELD_CONTRACT, STATUS_GUARD_TARGET
+
+    monkeypatch.setattr(gate_module, "variant_in_use", lambda key: "plain-attribute")
+    # Restored after the test (0.5.23's own property).
+    monkeypatch.setattr(
+        TokenizerManager, "server_status", TokenizerManager.__dict__["server_status"]
+    )
+    g = gate(tmp_path)
+    assert STATE_FIELD_CONTRACT not in [t for t, _, _ in g.targets()]
+    assert g.install_guards() == [STATUS_GUARD_TARGET]
+    assert g.guards_landed()
+    tm = TokenizerManager.__new__(TokenizerManager)
+    tm.server_status = ServerStatus.Up
+    assert tm.server_status == ServerStatus.Up and tm.__dict__["server_status"] == ServerStatus.Up
+    g.close(tm, reason="release")
+    assert tm.server_status == ServerStatus.Starting
+    tm.server_status = ServerStatus.Up  # SGLang's health endpoint after a late answer
+    assert tm.server_status == ServerStatus.Starting
+    tm.server_status = ServerStatus.UnHealthy  # anything but Up still goes through
+    assert tm.server_status == ServerStatus.UnHealthy
+    g.open(tm)
+    assert tm.server_status == ServerStatus.Up
+
+
+def test_guards_are_not_installed_for_the_state_field_variant(tmp_path: Path) -> None:
+    from coldsnap.plugin._gate import STATE_FIELD_CONTRACT
+
+    g = gate(tmp_path)
+    assert STATE_FIELD_CONTRACT in [t for t, _, _ in g.targets()]
+    assert g.install_guards() == [] and g.guards_landed()

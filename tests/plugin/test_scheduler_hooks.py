@@ -153,3 +153,33 @@ def test_release_of_weights_is_refused_when_nothing_was_registered(
     assert type(out).__name__ == "ReleaseMemoryOccupationReqOutput"
     record = h.status.record
     assert record["outcome"] == "failed" and "no model storages were registered" in record["error"]
+
+
+def test_weight_runners_follow_the_variant_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`selector` (0.5.23): SGLang's `_select_runners`; `tp-and-draft-worker` (0.5.17): the
+    target worker's runner, then the draft worker's `draft_runners`."""
+    target, draft1, draft2 = object(), object(), object()
+    mgr = SimpleNamespace(
+        _select_runners=lambda selector: [("target", target), ("draft", draft1)],
+        tp_worker=SimpleNamespace(model_runner=target),
+        draft_worker=SimpleNamespace(draft_worker=SimpleNamespace(draft_runners=[draft1, draft2])),
+    )
+    monkeypatch.setattr(sched, "variant_in_use", lambda key: "selector")
+    assert sched.weight_runners(mgr) == [("target", target), ("draft", draft1)]
+    monkeypatch.setattr(sched, "variant_in_use", lambda key: "tp-and-draft-worker")
+    assert sched.weight_runners(mgr) == [
+        ("target", target),
+        ("draft", draft1),
+        ("draft", draft2),
+    ]
+    mgr.draft_worker = None
+    assert sched.weight_runners(mgr) == [("target", target)]
+
+
+def test_finalize_hook_only_where_the_build_defers_the_commit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    hooks = sched.SchedulerHooks(Settings(), StatusFile(None, "x", {}))
+    assert sched.FINALIZE_CONTRACT in [t for t, _, _ in hooks.targets()]
+    monkeypatch.setattr(sched, "variant_in_use", lambda key: "none")
+    assert sched.FINALIZE_CONTRACT not in [t for t, _, _ in hooks.targets()]

@@ -1,6 +1,9 @@
-"""A real SGLang server (tiny Qwen3, tied embeddings) with the plugin: hooks land in the main
-and scheduler processes, storages are registered, release/resume with native hydration and with
-recovery give the cold server's tokens and bit-exact weights, failures fail closed."""
+"""A real SGLang server (tiny Qwen3, tied embeddings; tiny Llama on 0.5.17) with the plugin:
+hooks land in the main and scheduler processes, storages are registered, release/resume with
+native hydration and with recovery give the cold server's tokens and bit-exact weights, failures
+fail closed. Every test runs against SGLang 0.5.23 (the venv's) and 0.5.17 (the overlay of
+scripts/setup.sh sglang-0517), one server at a time: the plugin hooks each release's contract
+variants."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from coldsnap.engines.sglang import SGLANG_POLICY
 from .conftest import generate_all, plugin_env, read_status, scheduler_process
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+RELEASES = ("0.5.23", "0.5.17")
 
 
 @attrs.define
@@ -31,17 +35,29 @@ class Served:
     cold: dict[str, tuple[int, ...]]
     checksum: dict[str, Any]
     acceptance: tuple[int, ...]
+    release: str
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=RELEASES)
 def served(
-    sglang_cpu: None, models_root: Path, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    sglang_cpu: None,
+    models_root: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Served]:
-    from coldsnap.testing.sglang_cpu import start_server
+    from coldsnap.testing.sglang_cpu import ReleaseNotInstalled, release_overlay, start_server
     from coldsnap.tiny_models import build_model
 
-    model = build_model(models_root / "qwen3-tiny", arch="qwen3", size="tiny", seed=1)
-    base = tmp_path_factory.mktemp("tiny-server")
+    release = request.param
+    try:
+        release_overlay(release)
+    except ReleaseNotInstalled as exc:
+        pytest.skip(str(exc))
+
+    # 0.5.17's Qwen3 has no get_weights_by_name (its weights are compared through it): Llama.
+    arch = "llama" if release == "0.5.17" else "qwen3"
+    model = build_model(models_root / f"{arch}-tiny-seed1", arch=arch, size="tiny", seed=1)
+    base = tmp_path_factory.mktemp(f"tiny-server-{release}")
     env = plugin_env(
         base / "run",
         COLDSNAP_EXPORT_MODEL_PAYLOAD="1",
@@ -49,7 +65,7 @@ def served(
         COLDSNAP_SHAPE_CALIBRATION="record",
         COLDSNAP_ASYNC_CUDA_GRAPHS="1",
     )
-    server = start_server(model.path, log_path=base / "server.log", env=env)
+    server = start_server(model.path, log_path=base / "server.log", env=env, release=release)
     client = EngineClient(server.url, SGLANG_POLICY)
     try:
         cold = generate_all(client)
@@ -60,8 +76,9 @@ def served(
             base / "art",
             model,
             cold,
-            client.weights_checksum(),
+            weights_fingerprint(client, server.url, release),
             client.acceptance_tokens(),
+            release,
         )
         yield served
     finally:
@@ -69,10 +86,43 @@ def served(
         server.stop()
 
 
+# 0.5.17's /weights_checker needs CUDA; there the weights are compared through
+# /get_weights_by_name (whole tensors, the fused ones through their shards) instead.
+COMPARED_WEIGHTS = (
+    "model.embed_tokens.weight",
+    "model.layers.0.self_attn.q_proj.weight",
+    "model.layers.0.self_attn.v_proj.weight",
+    "model.layers.0.self_attn.o_proj.weight",
+    "model.layers.0.mlp.gate_proj.weight",
+    "model.layers.1.mlp.down_proj.weight",
+    "model.norm.weight",
+    "lm_head.weight",
+)
+
+
+def weights_fingerprint(client: EngineClient, url: str, release: str) -> dict[str, Any]:
+    if release != "0.5.17":
+        return client.weights_checksum()
+    import httpx
+
+    values = {}
+    for name in COMPARED_WEIGHTS:
+        reply = httpx.post(
+            f"{url}/get_weights_by_name",
+            json={"name": name, "truncate_size": 1 << 30},
+            timeout=60,
+        )
+        reply.raise_for_status()
+        values[name] = reply.json()
+    return {"by_name": values}
+
+
 def release_exported(s: Served) -> str:
     """Releases everything; returns the export root the scheduler reported."""
     s.client.release()
-    assert s.client.health() is False and s.client.ready() is False
+    assert s.client.health() is False
+    if s.release != "0.5.17":  # 0.5.17 has no /ready
+        assert s.client.ready() is False
     status = read_status(s.runtime, "scheduler-tp0")
     assert status["outcome"] == "ok" and status["released_tags"] == [
         "cuda_graph",
@@ -86,25 +136,49 @@ def assert_like_cold(s: Served) -> None:
     assert s.client.health() is True
     assert generate_all(s.client) == s.cold
     s.client.accept(s.acceptance)
-    checksum = s.client.weights_checksum()
+    checksum = weights_fingerprint(s.client, s.server.url, s.release)
+    if s.release == "0.5.17":
+        assert checksum == s.checksum
+        return
     assert checksum["per_engine_checksum"] == s.checksum["per_engine_checksum"]
     assert checksum["ranks"][0]["checksums"] == s.checksum["ranks"][0]["checksums"]
 
 
 def test_hooks_landed_in_main_and_scheduler(served: Served) -> None:
-    from coldsnap.plugin import Settings, StatusFile, digest
-    from coldsnap.plugin._gate import HealthGate
-    from coldsnap.plugin._scheduler import SchedulerHooks
+    from coldsnap.plugin import CONTRACTS, Settings, StatusFile, digest
+    from coldsnap.plugin._gate import STATE_FIELD_CONTRACT, STATUS_GUARD_TARGET, HealthGate
+    from coldsnap.plugin._scheduler import FINALIZE_CONTRACT, SchedulerHooks
 
     main = read_status(served.runtime, "main")
     sched = read_status(served.runtime, "scheduler-tp0")
     assert main["pid"] == served.server.pid
     assert sched["pid"] == scheduler_process(served.server.pid).pid
+    # The variants in use, as the server's own processes admitted them.
+    for c in CONTRACTS:
+        seen = {alt.seen_in: f"{alt.seen_in}:{alt.variant}" for alt in c.alternatives()}
+        want = seen.get(served.release, seen["0.5.23"])
+        assert main["contract_variants"][c.key] == sched["contract_variants"][c.key] == want
+    assert main["contract_digest"] == sched["contract_digest"]
+    assert main["plugin_digest"] == sched["plugin_digest"]
     gate = HealthGate(StatusFile(None, "x", {}), None)
     hooks = SchedulerHooks(Settings(), StatusFile(None, "x", {}))
-    assert main["hooks"] == [t for t, _, _ in gate.targets()]
-    assert sched["hooks"] == [t for t, _, _ in hooks.targets()]
-    assert main["contract_digest"] == sched["contract_digest"] == digest()
+    # The gate's and the scheduler's own hooks come first (the CUDA release module's, if any,
+    # follow them; the status guard comes last).
+    gate_hooks = [t for t, _, _ in gate.targets()]
+    sched_hooks = [t for t, _, _ in hooks.targets()]
+    if served.release == "0.5.23":  # this process runs 0.5.23 too
+        assert main["hooks"][: len(gate_hooks)] == gate_hooks
+        assert sched["hooks"][: len(sched_hooks)] == sched_hooks
+        assert main["contract_digest"] == digest()
+        assert FINALIZE_CONTRACT in sched["hooks"]
+        assert STATE_FIELD_CONTRACT in main["hooks"] and STATUS_GUARD_TARGET not in main["hooks"]
+    else:
+        assert main["hooks"][:2] == gate_hooks[:2] and main["hooks"][-1] == STATUS_GUARD_TARGET
+        assert STATE_FIELD_CONTRACT not in main["hooks"]
+        expected = [t for t in sched_hooks if t != FINALIZE_CONTRACT]
+        assert sched["hooks"][: len(expected)] == expected
+        assert FINALIZE_CONTRACT not in sched["hooks"]
+        assert main["contract_digest"] != digest()
 
 
 def test_final_storages_are_registered(served: Served) -> None:
@@ -113,8 +187,9 @@ def test_final_storages_are_registered(served: Served) -> None:
     # SGLang fuses q/k/v and gate/up and keeps one tied head: about the checkpoint's bytes.
     weight_bytes = served.model.weight_bytes
     assert weight_bytes <= reg["target"]["parameter_nbytes"] <= 1.02 * weight_bytes
-    checksums = served.checksum["ranks"][0]["checksums"]
-    assert reg["target"]["tensors"] >= len(checksums) > 0
+    if served.release != "0.5.17":
+        checksums = served.checksum["ranks"][0]["checksums"]
+        assert reg["target"]["tensors"] >= len(checksums) > 0
     assert reg["target"]["devices"] == ["cpu"]
 
 
@@ -204,6 +279,7 @@ def test_restore_mode_startup_hydrates_a_dummy_loaded_engine(
             log_path=tmp_path / "server.log",
             env=env,
             extra_args=("--load-format", "dummy"),
+            release=served.release,
         ) as server,
         EngineClient(server.url, SGLANG_POLICY) as client,
     ):

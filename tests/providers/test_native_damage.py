@@ -336,3 +336,80 @@ def test_provider_errors_are_operation_errors():
     for error in (LayoutMismatch, PackDamaged, CheckpointError, HydrationFailed):
         assert issubclass(error, ProviderError)
     assert issubclass(RegistrationRefused, ProviderError)
+
+
+# -- issue 16, item 5: a FIFO for a pack, a pack changed after verification -------------------
+
+
+def _copy_of(exported: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "pack"
+    shutil.copytree(exported, target)
+    return target
+
+
+def test_a_fifo_for_a_pack_is_refused_without_hanging(exported, tmp_path):
+    import threading
+
+    from coldsnap.providers.native import _hydrate
+
+    directory = _copy_of(exported, tmp_path)
+    path = pack_path(directory)
+    path.unlink()
+    os.mkfifo(path)
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            hydrate_pack(old_destination(), PackDirectory(directory), verify=True)
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(10)
+    if thread.is_alive():  # unblock the hung open so the test run can go on
+        with open(path, "wb"):
+            pass
+        thread.join(10)
+        pytest.fail("hydration hung on a FIFO")
+    assert isinstance(box.get("error"), PackDamaged) and "not a regular file" in str(box["error"])
+    assert _hydrate._shared()._busy.acquire(timeout=1), "the hydrator lock was left held"
+    _hydrate._shared()._busy.release()
+
+
+def test_a_pack_changed_after_verification_fails_the_hydration(exported, tmp_path, monkeypatch):
+    from coldsnap.providers import HydrationFailed
+    from coldsnap.providers.native import _hydrate
+
+    directory = _copy_of(exported, tmp_path)
+    path = pack_path(directory)
+    real = _hydrate.Hydrator._copy
+
+    def tamper_then_copy(self, jobs, files):
+        data = bytearray(path.read_bytes())
+        data[10] ^= 0xFF
+        with open(path, "r+b") as handle:  # in place: the open descriptor sees the change
+            handle.write(bytes(data))
+        return real(self, jobs, files)
+
+    monkeypatch.setattr(_hydrate.Hydrator, "_copy", tamper_then_copy)
+    with pytest.raises(HydrationFailed, match="changed"):
+        hydrate_pack(old_destination(), PackDirectory(directory), verify=True)
+
+
+@pytest.mark.parametrize(
+    ("value", "verify"), [("1", False), ("0", True), ("", True), ("true", False), ("no", True)]
+)
+def test_the_preverified_variable_is_parsed_one_way(monkeypatch, value, verify):
+    from coldsnap.providers.native import _hydrate
+
+    monkeypatch.setenv("COLDSNAP_ARTIFACT_PREVERIFIED", value)
+    assert _hydrate.verify_by_default() is verify
+
+
+def test_a_bad_preverified_value_is_refused_naming_the_variable(monkeypatch):
+    from coldsnap.providers.native import _hydrate
+
+    monkeypatch.setenv("COLDSNAP_ARTIFACT_PREVERIFIED", "maybe")
+    with pytest.raises(ValueError, match="COLDSNAP_ARTIFACT_PREVERIFIED"):
+        _hydrate.verify_by_default()

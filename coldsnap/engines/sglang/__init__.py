@@ -8,6 +8,7 @@ files of coldsnap._wire.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from coldsnap.machine import Registry
@@ -15,18 +16,30 @@ from coldsnap.machine import Registry
 from . import cpu
 from ._launcher import RUNTIME_ROOT, SGLangLauncher, coldsnap_env, export_dir, free_port
 from ._policy import SGLANG_POLICY
-from ._steps import Identity, SGLangEngine, installed_sglang
+from ._steps import GRAPH_SAVER_ENV, Identity, SGLangEngine, installed_sglang
+
+CUDA_ARGS = ("--enable-memory-saver",)
+"""On CUDA the weights, the KV cache (and, with GRAPH_SAVER_ENV, the graphs) live in the memory
+saver's regions, so a release frees them; release_memory measures that it did."""
+GRAPH_SAVER_ARGS = ("--cuda-graph-backend-prefill", "disabled")
+"""SGLang refuses its default (breakable) prefill graph inside the memory saver."""
 
 
 def build(request: Any) -> SGLangEngine:
-    """The SGLang adapter for `request` on this host. With CUDA the engine captures CUDA graphs.
-    Without CUDA it serves on SGLang's CPU platform (`cpu.CPU_ARGS`, `cpu.cpu_env`), and the CPU
-    support is activated in this process too: `build()` imports SGLang for the contract digest.
+    """The SGLang adapter for `request` on this host. With CUDA: SGLang with the memory saver
+    (`CUDA_ARGS`); with SGLANG_MEMORY_SAVER_CUDA_GRAPH=1 in this environment also its CUDA
+    graphs (then the graph steps run, and prefill graphs are off: `GRAPH_SAVER_ARGS`); without
+    it graphs stay in the image and no graph step is in the spec. Without CUDA it serves on
+    SGLang's CPU platform (`cpu.CPU_ARGS`, `cpu.cpu_env`), and the CPU support is activated in
+    this process too: `build()` imports SGLang for the contract digest.
     """
     import torch
 
     if torch.cuda.is_available():
-        return SGLangEngine(SGLangLauncher(), graphs=True)
+        graph_saver = os.environ.get(GRAPH_SAVER_ENV) == "1"
+        args = (*CUDA_ARGS, *(GRAPH_SAVER_ARGS if graph_saver else ()))
+        env = {GRAPH_SAVER_ENV: "1"} if graph_saver else {}
+        return SGLangEngine(SGLangLauncher(args, env), cuda=True, graphs=graph_saver)
     cpu.activate()
     launcher = SGLangLauncher((*cpu.CPU_ARGS, *cpu.CPU_MEMORY_ARGS), cpu.cpu_env({}))
     return SGLangEngine(launcher)
@@ -37,11 +50,15 @@ def register(registry: Registry) -> None:
     registry.register_engine(
         "sglang",
         build=build,
-        doc="SGLang with coldsnap's plugin (CUDA graphs on CUDA hosts; CPU platform elsewhere)",
+        doc="SGLang with coldsnap's plugin (the memory saver on CUDA hosts; CPU platform "
+        "elsewhere)",
     )
 
 
 __all__ = [
+    "CUDA_ARGS",
+    "GRAPH_SAVER_ARGS",
+    "GRAPH_SAVER_ENV",
     "RUNTIME_ROOT",
     "SGLANG_POLICY",
     "Identity",

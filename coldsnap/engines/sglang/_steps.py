@@ -9,6 +9,7 @@ it the files of coldsnap._wire. Each step reads the facts its shared step
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import time
 from collections.abc import Callable
@@ -18,7 +19,17 @@ from typing import Any
 import httpx
 import psutil
 
-from coldsnap._wire import CUDA_GRAPH, KV_CACHE, WEIGHTS, ResumePlan, plan_from, write_plan
+from coldsnap._errors import DefinitionError
+from coldsnap._wire import (
+    CUDA_GRAPH,
+    KV_CACHE,
+    STATUS_KIND,
+    WEIGHTS,
+    ResumePlan,
+    plan_from,
+    status_path,
+    write_plan,
+)
 from coldsnap.engines import EngineClient, EngineError, EnginePolicy
 from coldsnap.machine import Launcher, StepContext
 from coldsnap.machine import steps as s
@@ -30,6 +41,10 @@ Identity = Callable[[], tuple[str, str, str]]
 """() -> (engine name, version, contract digest): what the store binds into capsules."""
 
 _LOG_TAIL_CHARS = 4000
+GRAPH_SAVER_ENV = "SGLANG_MEMORY_SAVER_CUDA_GRAPH"
+"""With it set to 1, SGLang captures CUDA graphs inside the memory saver's `cuda_graph` region, so
+releasing that tag frees the graphs' memory; without it nothing is tagged `cuda_graph`."""
+REPORT_FIELD = "cuda_release"  # the scheduler's status field (coldsnap.plugin._cuda_release)
 
 
 def installed_sglang() -> tuple[str, str, str]:
@@ -41,8 +56,19 @@ def installed_sglang() -> tuple[str, str, str]:
 
 class SGLangEngine:
     """Engine steps for SGLang (or any engine that speaks `policy`'s endpoints and the plugin's
-    files). Capability `cuda_graphs` when `graphs`: the engine then captures CUDA graphs, and
-    the specs' graph steps (destroy_graphs, with recapture_graphs as its undo) run."""
+    files).
+
+    cuda: the engine runs on GPUs with the memory saver (`--enable-memory-saver`); release_memory
+        then requires every scheduler's measurement of the release and refuses when a released
+        region is still resident.
+    graphs: capability `cuda_graphs`, which selects the specs' graph steps (destroy_graphs, with
+        recapture_graphs as its undo, and the graph tag in resume_rest). Releasing the
+        `cuda_graph` tag frees graph memory only when SGLang captures its graphs in the memory
+        saver's region (`SGLANG_MEMORY_SAVER_CUDA_GRAPH=1` in the engine's environment), so
+        `graphs` requires that and `cuda`; otherwise the graphs (whose addresses stay valid
+        across a release and resume of the other regions) stay in the image and no graph step
+        runs.
+    """
 
     def __init__(
         self,
@@ -50,14 +76,22 @@ class SGLangEngine:
         *,
         policy: EnginePolicy = SGLANG_POLICY,
         graphs: bool = False,
+        cuda: bool = False,
         name: str = "sglang",
         identity: Identity | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        if graphs and not (cuda and _graph_saver(launcher)):
+            raise DefinitionError(
+                f"SGLangEngine(graphs=True) needs cuda=True and {GRAPH_SAVER_ENV}=1 in the "
+                "launcher's environment: without them releasing the cuda_graph tag frees "
+                "nothing, and destroy_graphs would claim work it did not do"
+            )
         self.name = name
         self.launcher = launcher
         self.policy = policy
         self.graphs = graphs
+        self.cuda = cuda
         self.capabilities: frozenset[str] = frozenset({"cuda_graphs"} if graphs else ())
         self._identity = identity or installed_sglang
         self._transport = transport  # tests hand an httpx.MockTransport
@@ -117,11 +151,21 @@ class SGLangEngine:
     def release_memory(self, ctx: StepContext) -> dict[str, Any]:
         """Releases the KV cache and the weights; an engine started to export writes its
         payload under the runtime directory first (the plugin refuses the release if it
-        cannot)."""
+        cannot). Then reads every scheduler's status record: a release the plugin refused
+        fails the step; on CUDA each scheduler must have measured this release, and a region
+        still resident (weights or KV: the memory saver is off, or a tensor lies outside its
+        region) fails the step naming the regions and bytes, so nothing resident is sealed.
+        Makes the device memory still in use after the release, summed over the schedulers
+        (0 without CUDA)."""
+        runtime_dir = Path(ctx.facts[s.RUNTIME_DIR.name])
+        started = time.time()
         with self._client(ctx) as client:
             client.release([KV_CACHE, WEIGHTS])
-        runtime_dir = Path(ctx.facts[s.RUNTIME_DIR.name])
-        return {s.EXPORT_DIR.name: str(export_dir(runtime_dir))}
+        residual = _check_release(runtime_dir, started, cuda=self.cuda)
+        return {
+            s.EXPORT_DIR.name: str(export_dir(runtime_dir)),
+            s.RESIDUAL_DEVICE_BYTES.name: residual,
+        }
 
     def resume_memory(self, ctx: StepContext) -> None:
         """Undoes release at capture: the weights come back from the model's own checkpoint.
@@ -134,6 +178,9 @@ class SGLangEngine:
             client.resume([WEIGHTS, KV_CACHE])
 
     def destroy_graphs(self, ctx: StepContext) -> None:
+        """Releases the `cuda_graph` region: with SGLANG_MEMORY_SAVER_CUDA_GRAPH=1 (required for
+        capability `cuda_graphs`) the graphs' memory pool lies in it, so its pages leave the
+        device and the image; the graphs keep their addresses and replay once it is resumed."""
         with self._client(ctx) as client:
             client.release([CUDA_GRAPH])
 
@@ -164,6 +211,89 @@ class SGLangEngine:
             client.resume(tags)
 
 
+def _graph_saver(launcher: Launcher) -> bool:
+    env = getattr(launcher, "base_env", None) or {}
+    return env.get(GRAPH_SAVER_ENV) == "1"
+
+
+def _scheduler_records(runtime_dir: Path) -> dict[str, dict[str, Any]]:
+    """process name -> status record of every scheduler (one per TP rank)."""
+    folder = status_path(runtime_dir, "scheduler").parent
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted(folder.glob("scheduler*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise EngineError(
+                "release_memory", f"status record {path} is unreadable: {exc}"
+            ) from None
+        if not isinstance(record, dict) or record.get("kind") != STATUS_KIND:
+            raise EngineError("release_memory", f"{path} is not a coldsnap status record")
+        out[path.stem] = record
+    return out
+
+
+def _check_release(runtime_dir: Path, started: float, *, cuda: bool) -> int:
+    """The device bytes still in use after the release, summed over the schedulers; raises
+    EngineError naming each scheduler whose release failed, was not measured, or left a
+    released region resident."""
+    records = _scheduler_records(runtime_dir)
+    if not records:
+        if cuda:
+            raise EngineError(
+                "release_memory",
+                f"no scheduler status record under {runtime_dir / 'sglang'}: the plugin did not "
+                "measure the release, so device memory may still hold weights or KV cache",
+            )
+        return 0
+    problems: list[str] = []
+    residual = 0
+    for name, record in records.items():
+        if record.get("outcome") == "failed":
+            problems.append(f"{name}: the plugin refused the release: {record.get('error')}")
+            continue
+        report = record.get(REPORT_FIELD)
+        fresh = isinstance(report, dict) and float(report.get("at", 0)) >= started
+        if not fresh:
+            if cuda:
+                problems.append(f"{name}: no measurement of this release in its status record")
+            continue
+        assert isinstance(report, dict)
+        if report.get("error"):
+            problems.append(f"{name}: the release could not be measured: {report['error']}")
+            continue
+        if cuda and report.get("device") == "cpu":
+            problems.append(f"{name}: measured on cpu, but this engine runs on CUDA")
+            continue
+        resident = report.get("resident") or {}
+        if resident:
+            regions = report.get("regions") or {}
+            parts = ", ".join(
+                f"{tag} {_gib(n)} of {_gib(regions.get(tag, {}).get('bytes', n))}"
+                for tag, n in sorted(resident.items())
+            )
+            problems.append(
+                f"{name} ({report.get('device')}): still resident after the release: {parts} "
+                f"(device memory in use {_gib(report.get('device_used_after') or 0)}, freed "
+                f"{_gib(report.get('device_freed') or 0)})"
+            )
+            continue
+        residual += int(report.get("residual_device_bytes") or 0)
+    if problems:
+        hint = (
+            "; start SGLang with --enable-memory-saver and COLDSNAP_LIVE_BACKING auto or "
+            "torch_memory_saver, or the capture would seal weights and KV into the image"
+            if cuda
+            else ""
+        )
+        raise EngineError("release_memory", "; ".join(problems) + hint)
+    return residual
+
+
+def _gib(n: int) -> str:
+    return f"{n} B ({n / 2**30:.3f} GiB)"
+
+
 def _running(pid: int) -> bool:
     """Whether `pid` is a live process (a zombie has ended; it may not be our child)."""
     try:
@@ -183,4 +313,4 @@ def _log_tail(ctx: StepContext) -> str:
     return f"; the tail of its log {path}:\n{tail}"
 
 
-__all__ = ["Identity", "SGLangEngine", "installed_sglang"]
+__all__ = ["GRAPH_SAVER_ENV", "Identity", "SGLangEngine", "installed_sglang"]

@@ -35,7 +35,7 @@ import xxhash
 from attrs import frozen
 
 from .._closing import Closing
-from .._errors import HydrationFailed, PackDamaged
+from .._errors import HydrationFailed, PackDamaged, ProviderError
 from .._layout import Tensors, as_mapping
 from . import _cuda
 from ._index import PackIndex
@@ -48,9 +48,27 @@ _VERIFY_PIECE = 2 << 20  # read-then-hash in pieces that stay in a core's L2 cac
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+class VariableError(ProviderError, ValueError):
+    """A COLDSNAP_* variable the providers read holds a value it does not accept."""
+
+
 def verify_by_default() -> bool:
-    """Verification is on unless COLDSNAP_ARTIFACT_PREVERIFIED=1."""
-    return os.environ.get(PREVERIFIED_ENV, "") != "1"
+    """Verification is on unless COLDSNAP_ARTIFACT_PREVERIFIED is true. The variable is read
+    the way the plugin's settings read it (1/true/yes/on, 0/false/no/off or empty, any case);
+    any other value is refused, naming the variable."""
+    raw = os.environ.get(PREVERIFIED_ENV, "")
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return False
+    if value in _FALSE:
+        return True
+    raise VariableError(
+        f"{PREVERIFIED_ENV}={raw!r} is not one of: {', '.join(_TRUE + _FALSE[:-1])} (or empty)"
+    )
 
 
 def default_threads() -> int:
@@ -107,7 +125,7 @@ class Hydrator(Closing):
     def verify(self, source: PackSource, *, strong: bool = False) -> float:
         """Checks every block of every extent against its checksum (and, with strong=True,
         every extent against its sha256); PackDamaged if any fails. Returns the seconds."""
-        with self._busy, _PackFiles(source) as files:
+        with _PackFiles(source) as files, self._busy:
             extents = [(e, files) for e in source.index.extents]
             seconds = self._verify(source.index, extents)
             if strong:
@@ -124,11 +142,12 @@ class Hydrator(Closing):
         mapping = as_mapping(tensors)
         index = source.index
         jobs = plan(index, mapping)
-        with self._busy, _PackFiles(source) as files:
+        with _PackFiles(source) as files, self._busy:
             verify_seconds = (
                 self._verify(index, [(job.extent, files) for job in jobs]) if verify else 0.0
             )
             copy_seconds = self._copy(jobs, files)
+            files.check_unchanged()
         return HydrateReport(
             nbytes=sum(job.extent.nbytes for job in jobs),
             extents=len(jobs),
@@ -293,6 +312,10 @@ def _read_into(fd: int, offset: int, address: int, size: int) -> None:
         done += got
 
 
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 class _PackFiles(Closing):
     """The pack files of a source, opened (no-follow) and checked against their recorded sizes
     before any byte is read."""
@@ -300,10 +323,12 @@ class _PackFiles(Closing):
     def __init__(self, source: PackSource) -> None:
         self._fds: dict[str, int] = {}
         problems = []
+        self._stats: dict[str, tuple[int, int, int, int]] = {}
         for pack in source.index.packs:
             try:
                 path = source.pack_path(pack.digest)
-                fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+                # O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _O_NOFOLLOW | os.O_CLOEXEC)
             except PackDamaged as exc:
                 problems += list(exc.lines)
                 continue
@@ -314,7 +339,10 @@ class _PackFiles(Closing):
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 problems.append(f"pack {pack.digest}: not a regular file")
-            elif st.st_size != pack.size:
+                continue
+            os.set_blocking(fd, True)
+            self._stats[pack.digest] = _identity(st)
+            if st.st_size != pack.size:
                 what = "truncated" if st.st_size < pack.size else "longer than recorded"
                 problems.append(
                     f"pack {pack.digest}: {what}: {st.st_size} bytes, the index says {pack.size}"
@@ -325,6 +353,20 @@ class _PackFiles(Closing):
 
     def fd(self, digest: str) -> int:
         return self._fds[digest]
+
+    def check_unchanged(self) -> None:
+        """HydrationFailed when a pack file changed (size, modification time, inode) since it
+        was opened: what was copied may not be what was verified."""
+        changed = [
+            digest
+            for digest, fd in self._fds.items()
+            if _identity(os.fstat(fd)) != self._stats.get(digest)
+        ]
+        if changed:
+            raise HydrationFailed(
+                "pack file(s) changed during hydration; the storages hold bytes that were not "
+                "verified and must not be served: " + ", ".join(changed)
+            )
 
     def close(self) -> None:
         for fd in self._fds.values():

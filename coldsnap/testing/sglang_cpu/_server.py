@@ -19,7 +19,36 @@ import httpx
 from coldsnap._errors import OperationError
 from coldsnap.backends import launch
 from coldsnap.engines.sglang import free_port
-from coldsnap.engines.sglang.cpu import CPU_ARGS, check_cpu_install, cpu_env
+from coldsnap.engines.sglang.cpu import CPU_ARGS, check_cpu_install, check_overlay, cpu_env
+
+# The SGLang releases the CPU tests serve: the venv's own, and overlays made by scripts/setup.sh
+# (directory under the venv, None for the venv's own).
+RELEASES: dict[str, str | None] = {"0.5.23": None, "0.5.17": "sglang-0.5.17"}
+DEFAULT_RELEASE = "0.5.23"
+
+
+class ReleaseNotInstalled(OperationError, LookupError):
+    """The SGLang release a test asked for is unknown or its overlay was not installed."""
+
+
+def release_overlay(release: str) -> Path | None:
+    """The overlay directory of `release` (None: the venv's own SGLang); refuses an unknown
+    release or an overlay that `scripts/setup.sh sglang-0517` has not installed."""
+    if release not in RELEASES:
+        raise ReleaseNotInstalled(f"release {release!r}: unknown (known: {', '.join(RELEASES)})")
+    name = RELEASES[release]
+    if name is None:
+        return None
+    path = Path(sys.prefix) / name
+    try:
+        return check_overlay(path)
+    except Exception as exc:
+        raise ReleaseNotInstalled(f"release {release!r}: {exc}") from None
+
+
+def release_env(release: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The CPU environment of an SGLang process that runs `release`."""
+    return cpu_env(base, overlay=release_overlay(release))
 
 
 class ServerStartError(OperationError, RuntimeError):
@@ -155,9 +184,11 @@ def start_server(
     mem_fraction_static: float = 0.05,
     wait: bool = True,
     timeout: float = 180.0,
+    release: str = DEFAULT_RELEASE,
 ) -> SGLangServer:
     """Launches SGLang on CPU with the stand-ins and (by default) waits until /health is 200.
 
+    `release` picks the SGLang that serves (RELEASES: the venv's, or an overlay on PYTHONPATH).
     `env` is added on top of this process's environment. The launcher runs in a new session so
     that leftovers can be found by group; its output is appended to `log_path`.
     """
@@ -170,7 +201,7 @@ def start_server(
         mem_fraction_static=mem_fraction_static,
         extra_args=extra_args,
     )
-    full_env = cpu_env()
+    full_env = release_env(release)
     full_env.update(env or {})
     log_path = Path(log_path)
     launched = launch(cmd, log_path=log_path, env=full_env)

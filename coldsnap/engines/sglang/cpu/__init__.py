@@ -5,8 +5,13 @@ No CPU build of sgl-kernel is on PyPI and PyPI's torchvision does not load on CP
 loads, and an `sgl_kernel` stand-in whose kernels raise if they are ever called.
 
 - `cpu_env()`: the environment of an SGLang process (the folder on PYTHONPATH, CPU platform).
+  With an overlay (`overlay=` or `COLDSNAP_SGLANG_OVERLAY` in the base environment: a directory
+  holding another SGLang release installed with `pip install --target`, e.g. the 0.5.17 one
+  `scripts/setup.sh sglang-0517` makes) the overlay follows the stand-ins on PYTHONPATH, ahead
+  of the venv's own SGLang, so that process runs that release.
 - `activate()`: readies this process too (it imports SGLang for the contract digest, or runs
-  `sglang.Engine` in process) and the children it starts.
+  `sglang.Engine` in process) and the children it starts; it refuses an overlay once another
+  SGLang is already imported here.
 - `CPU_ARGS`, `CPU_MEMORY_ARGS`: the server arguments of the CPU platform.
 
 Refused on a GPU install (`GpuInstallError`): the stand-ins must never shadow real kernels.
@@ -23,6 +28,8 @@ from pathlib import Path
 from coldsnap._errors import RefusedError
 
 PYTHONPATH_DIR = Path(__file__).resolve().parent / "pythonpath"
+# A directory holding another SGLang release (pip install --target), put after the stand-ins.
+OVERLAY_VARIABLE = "COLDSNAP_SGLANG_OVERLAY"
 
 # Flags that make SGLang serve on CPU. CUDA graphs are disabled with the per-phase backend
 # flags; `--disable-cuda-graph` is deprecated.
@@ -55,14 +62,39 @@ def check_cpu_install() -> None:
         raise GpuInstallError(f"a real sgl_kernel is installed ({spec.origin}); not shadowing it")
 
 
-def cpu_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+class OverlayError(RefusedError, ValueError):
+    """The SGLang overlay directory is missing, holds no SGLang, or comes too late."""
+
+
+def check_overlay(overlay: str | Path) -> Path:
+    """The overlay directory, refused (naming the variable) unless it holds an SGLang."""
+    path = Path(overlay).resolve()
+    if not (path / "sglang" / "__init__.py").is_file():
+        raise OverlayError(
+            f"{OVERLAY_VARIABLE}={overlay}: no SGLang installed there "
+            "(scripts/setup.sh sglang-0517 installs the 0.5.17 overlay)"
+        )
+    return path
+
+
+def cpu_env(
+    base: Mapping[str, str] | None = None, *, overlay: str | Path | None = None
+) -> dict[str, str]:
     """The environment for an SGLang process on CPU: `base` (default: this process's) with the
-    stand-ins first on PYTHONPATH and SGLang's CPU platform selected."""
+    stand-ins first on PYTHONPATH, then the SGLang overlay if one is named (`overlay`, else
+    `COLDSNAP_SGLANG_OVERLAY` in `base`), and SGLang's CPU platform selected."""
     env = dict(os.environ if base is None else base)
+    if overlay is None:
+        overlay = env.get(OVERLAY_VARIABLE) or None
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if str(PYTHONPATH_DIR) not in parts:
-        parts.insert(0, str(PYTHONPATH_DIR))
-    env["PYTHONPATH"] = os.pathsep.join(parts)
+    parts = [p for p in parts if p != str(PYTHONPATH_DIR)]
+    front = [str(PYTHONPATH_DIR)]
+    if overlay is not None:
+        path = check_overlay(overlay)
+        parts = [p for p in parts if p != str(path)]
+        front.append(str(path))
+        env[OVERLAY_VARIABLE] = str(path)
+    env["PYTHONPATH"] = os.pathsep.join(front + parts)
     # Without it SGLang picks the CUDA code paths and the scheduler dies importing vllm ops.
     env["SGLANG_USE_CPU_ENGINE"] = "1"
     return env
@@ -72,9 +104,19 @@ def activate() -> None:
     """Readies this process (SGLang imported here, in-process `sglang.Engine`, transformers)
     and its children; idempotent."""
     check_cpu_install()
+    env = cpu_env()
+    overlay = env.get(OVERLAY_VARIABLE)
+    if overlay is not None and overlay not in sys.path:
+        loaded = sys.modules.get("sglang")
+        if loaded is not None and not str(getattr(loaded, "__file__", "")).startswith(overlay):
+            raise OverlayError(
+                f"{OVERLAY_VARIABLE}={overlay}: SGLang is already imported in this process "
+                f"from {loaded.__file__}"
+            )
+        sys.path.insert(0, overlay)
     if str(PYTHONPATH_DIR) not in sys.path:
         sys.path.insert(0, str(PYTHONPATH_DIR))
-    os.environ.update(cpu_env())
+    os.environ.update(env)
     import _coldsnap_cpu_support  # type: ignore[import-not-found]
 
     if "torchvision" not in sys.modules:
@@ -84,9 +126,12 @@ def activate() -> None:
 __all__ = [
     "CPU_ARGS",
     "CPU_MEMORY_ARGS",
+    "OVERLAY_VARIABLE",
     "PYTHONPATH_DIR",
     "GpuInstallError",
+    "OverlayError",
     "activate",
     "check_cpu_install",
+    "check_overlay",
     "cpu_env",
 ]

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# One device call: real SGLang 0.5.17 through coldsnap's `Machine` on the H200
+# (bench/gpu/sglang_machine.py). Run from the repository root of a copy of the working tree.
+#
+# Carried (git-ignored, named in `carry`: ".carry"):
+#   .carry/sglang-0.5.17-gpu.tar.xz   shared/tools/sglang-gpu-bundle.sh
+#   .carry/criu-bundle.tar.xz         scripts/bundle-criu.sh, then tar -cJf (unpacks to criu-bundle/)
+#   .carry/whl/*.whl                  torch_memory_saver 0.0.10, attrs, cattrs, tenacity, transitions
+# The working tree itself (coldsnap, bench) is used as it is, first on PYTHONPATH; coldsnap is not
+# pip-installed there, so a dist-info folder with its entry points (sglang.srt.plugins: the plugin;
+# coldsnap.registrations: drivers, engine, providers, store) is generated from pyproject.toml.
+#
+# Usage: bench/gpu/sglang-machine-device.sh OUT [BUDGET_S] [-- extra sglang_machine.py args]
+#        bench/gpu/sglang-machine-device.sh --dry OUT   (no GPU: dist-info, imports, requests)
+set -uo pipefail
+dry=0
+if [ "${1:-}" = "--dry" ]; then dry=1; shift; fi
+out=${1:?usage: $0 [--dry] OUT [BUDGET_S] [-- args]}; shift
+budget=570
+if [ $# -gt 0 ] && [ "$1" != "--" ]; then budget=$1; shift; fi
+[ "${1:-}" = "--" ] && shift
+t0=$(date +%s)
+tree=$PWD
+mkdir -p "$out"
+py=${PYTHON:-python3}
+
+# -- coldsnap's dist-info (entry points), from pyproject.toml ----------------------------------
+dist=${COLDSNAP_DIST_DIR:-/tmp/coldsnap-dist}
+rm -rf "$dist"; mkdir -p "$dist"
+"$py" - "$tree/pyproject.toml" "$dist" <<'EOF' || exit 1
+import sys, tomllib
+from pathlib import Path
+project = tomllib.loads(Path(sys.argv[1]).read_text())["project"]
+groups = project.get("entry-points", {})
+for group in ("sglang.srt.plugins", "coldsnap.registrations"):
+    if not groups.get(group):
+        sys.exit(f"pyproject.toml declares no entry points of {group}")
+info = Path(sys.argv[2]) / f"coldsnap-{project['version']}.dist-info"
+info.mkdir(parents=True)
+(info / "METADATA").write_text(
+    f"Metadata-Version: 2.1\nName: coldsnap\nVersion: {project['version']}\n")
+lines = []
+for group, entries in groups.items():
+    lines.append(f"[{group}]")
+    lines += [f"{name} = {value}" for name, value in entries.items()]
+    lines.append("")
+(info / "entry_points.txt").write_text("\n".join(lines))
+(info / "top_level.txt").write_text("coldsnap\n")
+print("dist-info:", info)
+EOF
+
+if [ $dry = 1 ]; then
+  export PYTHONPATH=$tree:$dist${PYTHONPATH:+:$PYTHONPATH}
+  model=$(mktemp -d)  # requests need an existing model directory; nothing is loaded
+  exec "$py" bench/gpu/sglang_machine.py --out "$out" --model "$model" --root "$out/root" \
+    --dry "$@"
+fi
+
+# -- unpack SGLang, wheels, CRIU ---------------------------------------------------------------
+mkdir -p /tmp/sgl /tmp/site
+tar -C /tmp/sgl -xJf .carry/sglang-0.5.17-gpu.tar.xz &
+untar=$!
+"$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+  .carry/whl/*.whl || exit 1
+tar -C /tmp -xJf .carry/criu-bundle.tar.xz || exit 1
+wait $untar || exit 1
+export PYTHONPATH=$tree:$dist:/tmp/sgl:/tmp/site
+export PATH=/tmp/sgl/bin:$PATH PYTHONUNBUFFERED=1
+export COLDSNAP_CRIU=/tmp/criu-bundle/criu
+# The memory saver's preload hook needs torch's CUDA 13 runtime on the loader's path.
+cu13=$("$py" -P -c 'import nvidia, pathlib; print(":".join(str(p) for p in (pathlib.Path(d) / "cu13" / "lib" for d in nvidia.__path__) if p.exists()))' 2>/dev/null)
+export LD_LIBRARY_PATH=${cu13}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+mkdir -p /run/coldsnap/engines
+
+{
+  date -u; uname -r; nproc; free -g | head -2
+  nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
+  "$py" -P -c 'import torch, transformers, triton, sglang, torch_memory_saver, importlib.metadata as m; print("torch", torch.__version__, "transformers", transformers.__version__, "triton", triton.__version__, "sglang", sglang.__version__, "tms", m.version("torch_memory_saver")); print("sglang.srt.plugins", [f"{e.name}={e.value}" for e in m.entry_points(group="sglang.srt.plugins")]); print("coldsnap.registrations", sorted(e.name for e in m.entry_points(group="coldsnap.registrations")))'
+  "$COLDSNAP_CRIU" --version; "$COLDSNAP_CRIU" check 2>&1 | tail -1
+  git -C "$tree" rev-parse HEAD 2>/dev/null; git -C "$tree" status --short 2>/dev/null | head -40
+  "$py" -c 'from coldsnap.tiny_models import build_model; print(build_model("/tmp/model", "llama", "small", 0))'
+} > "$out/env.txt" 2>&1
+cat "$out/env.txt"
+[ -f /tmp/model/config.json ] || { echo "no model built" >&2; exit 1; }
+elapsed=$(( $(date +%s) - t0 ))
+echo "setup took ${elapsed} s"
+"$py" bench/gpu/sglang_machine.py --out "$out" --model /tmp/model \
+  --budget $(( budget - elapsed - 15 )) "$@" 2>&1 | tee "$out/sglang_machine.log"
+rc=${PIPESTATUS[0]}
+echo "sglang_machine.py exited $rc after $(( $(date +%s) - t0 )) s"
+exit "$rc"

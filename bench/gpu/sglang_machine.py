@@ -1,0 +1,508 @@
+"""Real SGLang 0.5.17 through `Machine` on the H200: n610 x {native, recovery}, each restore
+compared token for token with a cold start of the same server (bench only, not the product).
+
+    python3 bench/gpu/sglang_machine.py --out OUT --model /tmp/model [--variants n610-native,...]
+        [--restores 2] [--budget 540] [--refusal] [--dry]
+
+Order (a fresh machine compiles SGLang's JIT kernels on first use, about 100 s, so the cold start
+runs first, and once): the pinned host-to-device reference copy; a cold start of the server the
+capture launches (the launcher's own command line: SGLang with coldsnap's plugin, the memory
+saver) timed to its first answer, then its answers to every prompt (prefix cache flushed before
+each), then stopped; per variant (n610-native first, so a call that runs out of time still
+brings it back): a capture through `Machine.for_request(CaptureRequest(...))`, and `--restores`
+restores through `Machine.for_request(RestoreRequest(...))`, each timed from the call to its
+first answer and then compared with the cold answers on every prompt. `--refusal` adds (if time
+is left) a capture of a server without the memory saver, which must fail at release_memory
+naming the resident regions. Results go to OUT/sglang_machine.json after every phase; engine
+logs stay in each operation's workdir (copied to OUT/logs at the end). `--dry` checks imports,
+arguments and requests without a GPU and launches nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+ENGINE_ARGS = (
+    "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
+    "--mem-fraction-static", "0.05", "--cuda-graph-max-bs", "8",
+)  # fmt: skip
+VARIANTS = ("n610-native", "n610-recovery")
+NEW_TOKENS = 16
+GIB = 2**30
+
+
+def _prompt(seed: int, n: int) -> list[int]:
+    x, out = seed, []
+    for _ in range(n):
+        x = (x * 1103515245 + 12345) % (1 << 31)
+        out.append(3 + x % 990)
+    return out
+
+
+# Distinct prompts (vocab 1000 of the random Llama); the prefix cache is flushed before each.
+PROMPTS = {f"P{i}": _prompt(1000 + 17 * i, 18 + 5 * i) for i in range(1, 5)}
+
+
+class Run:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.out = Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.root = Path(args.root)
+        self.t0 = time.monotonic()
+        self.results: dict[str, Any] = {
+            "engine_args": list(ENGINE_ARGS),
+            "prompts": PROMPTS,
+            "new_tokens": NEW_TOKENS,
+            "variants": {},
+            "log": [],
+        }
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+    def left(self) -> float:
+        return self.args.budget - (time.monotonic() - self.t0)
+
+    def log(self, *parts: Any) -> None:
+        line = f"[{time.monotonic() - self.t0:7.1f}s] " + " ".join(str(p) for p in parts)
+        print(line, flush=True)
+        self.results["log"].append(line)
+
+    def save(self) -> None:
+        path = self.out / "sglang_machine.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.results, indent=1, default=str))
+        tmp.replace(path)
+
+    # -- requests ------------------------------------------------------------------------------
+    def model_ref(self) -> Any:
+        from coldsnap import ModelRef
+
+        return ModelRef(id="llama-small-random", revision="seed0", path=str(self.args.model))
+
+    def capture_request(self, variant: str, *, engine: str = "sglang") -> Any:
+        from coldsnap import CaptureRequest
+
+        driver, provider = variant.split("-", 1)
+        (self.root / variant).mkdir(parents=True, exist_ok=True)
+        return CaptureRequest(
+            driver=driver, provider=provider, engine=engine, model=self.model_ref(),
+            workdir=str(self.root / variant / "capture"), store=str(self.root / "store"),
+            name=variant, engine_args=ENGINE_ARGS,
+        )  # fmt: skip
+
+    def restore_request(self, variant: str, i: int) -> Any:
+        from coldsnap import RestoreRequest
+
+        driver, provider = variant.split("-", 1)
+        (self.root / variant).mkdir(parents=True, exist_ok=True)
+        return RestoreRequest(
+            driver=driver, provider=provider, engine="sglang", artifact=variant,
+            model=self.model_ref(), workdir=str(self.root / variant / f"restore{i}"),
+            store=str(self.root / "store"), engine_args=ENGINE_ARGS,
+        )  # fmt: skip
+
+    # -- HTTP ----------------------------------------------------------------------------------
+    def generate(self, url: str, ids: list[int], timeout: float = 60.0) -> list[int]:
+        import httpx
+
+        body = {
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0.0},
+        }
+        r = httpx.post(f"{url}/generate", json=body, timeout=timeout)
+        if r.status_code != 200:
+            raise RuntimeError(f"/generate: HTTP {r.status_code}: {r.text[:500]}")
+        return [int(t) for t in r.json()["output_ids"]]
+
+    def flush(self, url: str) -> None:
+        import httpx
+
+        r = httpx.post(f"{url}/flush_cache", timeout=60.0)
+        if r.status_code != 200:
+            raise RuntimeError(f"/flush_cache: HTTP {r.status_code}: {r.text[:500]}")
+
+    def answers(self, url: str) -> dict[str, list[int]]:
+        out = {}
+        for name, ids in PROMPTS.items():
+            self.flush(url)
+            out[name] = self.generate(url, ids)
+        return out
+
+    # -- phases --------------------------------------------------------------------------------
+    def pinned_reference(self) -> dict[str, Any]:
+        """Pinned host-to-device copy of 1 GiB, buffers allocated once (the bus's speed)."""
+        import torch
+
+        n = GIB
+        host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        host.fill_(1)
+        dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+        dev.copy_(host, non_blocking=True)
+        torch.cuda.synchronize()
+        rates = []
+        for _ in range(5):
+            t = time.perf_counter()
+            dev.copy_(host, non_blocking=True)
+            torch.cuda.synchronize()
+            rates.append(n / GIB / (time.perf_counter() - t))
+        del host, dev
+        torch.cuda.empty_cache()
+        return {"bytes": n, "gib_per_s": sorted(rates)[len(rates) // 2], "all": rates}
+
+    def cold_start(self) -> dict[str, Any]:
+        """The capture's own launch command (native: the same flags and plugin; the export only
+        acts at release), timed from the launch to its first answer; then every prompt."""
+        from coldsnap.engines.sglang import build
+
+        request = self.capture_request("n610-native")
+        engine = build(request)
+        workdir = self.root / "cold"
+        workdir.mkdir(parents=True, exist_ok=True)
+        command = engine.launcher.command(request, workdir, provider="native")
+        log = open(workdir / "engine.log", "wb")  # noqa: SIM115 (closed below)
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(
+            command.argv, env={**os.environ, **command.env}, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        rec: dict[str, Any] = {"argv": command.argv, "log": str(workdir / "engine.log")}
+        try:
+            first = None
+            while first is None:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the cold server ended with {proc.returncode}")
+                if self.left() < 30 or time.perf_counter() - t0 > self.args.cold_s:
+                    raise RuntimeError("the cold server did not answer in time")
+                try:  # the first answer may wait for kernels compiled on first use
+                    first = self.generate(command.url, PROMPTS["P1"], timeout=300.0)
+                except Exception:
+                    time.sleep(0.5)
+            rec["first_answer_s"] = round(time.perf_counter() - t0, 3)
+            rec["answers"] = self.answers(command.url)
+        finally:
+            _stop_group(proc)
+            log.close()
+        return rec
+
+    def capture(self, variant: str) -> dict[str, Any]:
+        from coldsnap import Machine
+
+        request = self.capture_request(variant)
+        machine = Machine.for_request(request, subscribers=[self._event])
+        t0 = time.perf_counter()
+        receipt = machine.capture(request)
+        rec = _receipt(receipt, time.perf_counter() - t0)
+        facts = receipt.facts
+        for key in ("image_bytes", "residual_device_bytes", "capsule_bytes", "payload_bytes"):
+            rec[key] = facts.get(key)
+        return rec
+
+    def restore(self, variant: str, i: int, cold: dict[str, list[int]] | None) -> dict[str, Any]:
+        from coldsnap import Machine
+
+        request = self.restore_request(variant, i)
+        machine = Machine.for_request(request, subscribers=[self._event])
+        t0 = time.perf_counter()
+        receipt = machine.restore(request)
+        rec = _receipt(receipt, time.perf_counter() - t0)
+        if not receipt.ok:
+            return rec
+        try:
+            url = receipt.facts["engine_url"]
+            self.flush(url)
+            first = self.generate(url, PROMPTS["P1"])
+            rec["first_answer_s"] = round(time.perf_counter() - t0, 3)
+            got = {"P1": first, **{k: v for k, v in self.answers(url).items() if k != "P1"}}
+            rec["answers"] = got
+            if cold is not None:
+                rec["equal"] = {k: got[k] == cold.get(k) for k in PROMPTS}
+                rec["first_answer_equal"] = first == cold.get("P1")
+            rec["hydration"] = self.hydration(receipt)
+        except Exception as exc:
+            rec["answer_error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            machine.stop(receipt)
+        return rec
+
+    def hydration(self, receipt: Any) -> dict[str, Any]:
+        """What the scheduler's plugin recorded of the refill (its status record)."""
+        facts = receipt.facts
+        runtime_dir = facts.get("runtime_dir") or (facts.get("capsule") or {}).get("runtime_dir")
+        if not runtime_dir:
+            return {"error": "no runtime_dir fact"}
+        path = Path(runtime_dir) / "sglang" / "scheduler-tp0.json"
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            return {"error": f"{path}: {exc}"}
+        resume = record.get("resume") or {}
+        out: dict[str, Any] = {"provider": resume.get("provider"), "seconds": resume.get("seconds")}
+        hydrated = (resume.get("hydrated") or {}).get("target")
+        if hydrated:  # native: the copy from the staged pack into the storages
+            out["bytes"] = hydrated.get("nbytes")
+            out["copy_seconds"] = hydrated.get("copy_seconds")
+            if hydrated.get("copy_seconds"):
+                out["gib_per_s"] = hydrated["nbytes"] / GIB / hydrated["copy_seconds"]
+        else:  # recovery: the whole reload from the checkpoint (resume seconds)
+            target = (record.get("registered") or {}).get("target") or {}
+            out["bytes"] = target.get("nbytes")
+            if out["bytes"] and resume.get("seconds"):
+                out["gib_per_s"] = out["bytes"] / GIB / resume["seconds"]
+        return out
+
+    def refusal(self) -> dict[str, Any]:
+        """A capture of a server without the memory saver must fail at release_memory."""
+        receipt = refusal_capture(self.root / "refusal", self.model_ref(), ENGINE_ARGS)
+        rec = _receipt(receipt, receipt.seconds)
+        error = receipt.error or ""
+        rec["refused_at_release"] = (not receipt.ok) and "still resident" in error
+        return rec
+
+    def _event(self, event: Any) -> None:
+        if event.phase in ("done", "failed", "compensated", "compensation_failed"):
+            self.log(f"  {event.step}: {event.phase}", getattr(event, "detail", "") or "")
+
+    # -- the run -------------------------------------------------------------------------------
+    def main(self) -> int:
+        if self.args.dry:
+            return self.dry()
+        self.results["pinned_h2d"] = self.pinned_reference()
+        self.log("pinned H2D", f"{self.results['pinned_h2d']['gib_per_s']:.1f} GiB/s")
+        self.save()
+        try:
+            self.results["cold"] = self.cold_start()
+            self.log("cold start to first answer", self.results["cold"]["first_answer_s"], "s")
+        except Exception as exc:
+            self.results["cold"] = {"error": f"{type(exc).__name__}: {exc}"}
+            self.log("cold start failed", traceback.format_exc())
+        self.save()
+        cold = self.results["cold"].get("answers")
+        for variant in self.args.variants:
+            var: dict[str, Any] = {}
+            self.results["variants"][variant] = var
+            if self.left() < self.args.capture_s:
+                var["skipped"] = f"budget: {self.left():.0f} s left"
+                continue
+            try:
+                var["capture"] = self.capture(variant)
+            except Exception:
+                var["capture"] = {"error": traceback.format_exc()}
+            self.log(variant, "capture", var["capture"].get("outcome"), var["capture"].get("error"))
+            self.save()
+            if var["capture"].get("outcome") != "done":
+                continue
+            var["restores"] = []
+            for i in range(self.args.restores):
+                if self.left() < self.args.restore_s:
+                    var["restores"].append({"skipped": f"budget: {self.left():.0f} s left"})
+                    continue
+                try:
+                    r = self.restore(variant, i, cold)
+                except Exception:
+                    r = {"error": traceback.format_exc()}
+                var["restores"].append(r)
+                self.log(variant, f"restore{i}", r.get("outcome"), r.get("first_answer_s"),
+                         r.get("equal"), r.get("error") or r.get("answer_error") or "")  # fmt: skip
+                self.save()
+        if self.args.refusal:
+            if self.left() > self.args.capture_s:
+                try:
+                    self.results["refusal"] = self.refusal()
+                except Exception:
+                    self.results["refusal"] = {"error": traceback.format_exc()}
+            else:
+                self.results["refusal"] = {"skipped": f"budget: {self.left():.0f} s left"}
+        self.summary()
+        self.save()
+        self.copy_logs()
+        return 0 if self.ok() else 1
+
+    def ok(self) -> bool:
+        for name in self.args.variants:
+            var = self.results["variants"].get(name) or {}
+            rs = var.get("restores") or []
+            if not rs or not all(all((r.get("equal") or {0: False}).values()) for r in rs):
+                return False
+        refusal = self.results.get("refusal")
+        return refusal is None or bool(refusal.get("refused_at_release"))
+
+    def summary(self) -> None:
+        cold_s = (self.results.get("cold") or {}).get("first_answer_s")
+        pinned = (self.results.get("pinned_h2d") or {}).get("gib_per_s")
+        rows = []
+        for name, var in self.results["variants"].items():
+            cap = var.get("capture") or {}
+            for i, r in enumerate(var.get("restores") or []):
+                first = r.get("first_answer_s")
+                hyd = (r.get("hydration") or {}).get("gib_per_s")
+                rows.append({
+                    "variant": name, "restore": i,
+                    "cold_start_to_first_answer_s": cold_s,
+                    "restore_to_first_answer_s": first,
+                    "ratio": round(cold_s / first, 2) if cold_s and first else None,
+                    "image_bytes": cap.get("image_bytes"),
+                    "residual_device_bytes": cap.get("residual_device_bytes"),
+                    "hydration_gib_per_s": hyd,
+                    "pinned_h2d_gib_per_s": pinned,
+                    "hydration_vs_pinned": round(hyd / pinned, 3) if hyd and pinned else None,
+                    "answers_equal": r.get("equal"),
+                })  # fmt: skip
+        self.results["summary"] = rows
+        for row in rows:
+            self.log("SUMMARY", json.dumps(row))
+
+    def copy_logs(self) -> None:
+        dest = self.out / "logs"
+        for log in self.root.glob("**/*.log"):
+            target = dest / log.relative_to(self.root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                data = log.read_bytes()
+                target.write_bytes(data[-2_000_000:])  # the tail: logs come back within limits
+            except OSError:
+                pass
+        for receipt in self.root.glob("**/receipt.json"):
+            target = dest / receipt.relative_to(self.root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(receipt, target)
+
+    def dry(self) -> int:
+        """What can be checked without a GPU: imports, requests, registry, dist-info."""
+        import importlib.metadata as md
+
+        from coldsnap.machine import REGISTRY
+
+        checks: dict[str, Any] = {}
+        for variant in self.args.variants:
+            checks[variant] = {
+                "capture": _plain(self.capture_request(variant)),
+                "restore": _plain(self.restore_request(variant, 0)),
+            }
+        checks["registered"] = {k: REGISTRY.names(k) for k in ("driver", "engine", "provider")}
+        from coldsnap import Machine
+
+        machine = Machine.for_request(self.capture_request(self.args.variants[0]))
+        checks["components"] = {
+            role: [type(c).__name__, sorted(getattr(c, "capabilities", ()))]
+            for role, c in machine.components.items()
+        }
+        checks["launch_argv"] = list(machine.components["engine"].launcher.base_args)
+        checks["sglang_plugins"] = [
+            f"{e.name} = {e.value}" for e in md.entry_points(group="sglang.srt.plugins")
+        ]
+        self.results["dry"] = checks
+        self.save()
+        print(json.dumps(checks, indent=1, default=str))
+        return 0
+
+
+def refusal_capture(root: Path, model: Any, engine_args: tuple[str, ...]) -> Any:
+    """A capture through `Machine` of SGLang on CUDA without `--enable-memory-saver`: the
+    release frees nothing, so release_memory must fail naming the resident regions (the tests'
+    tests/gpu/test_sglang_release_gpu.py runs this too)."""
+    from coldsnap import CaptureRequest, Machine
+    from coldsnap.capsules import StoreArtifacts
+    from coldsnap.drivers.n610 import N610Driver, default_cuda
+    from coldsnap.engines.sglang import SGLangEngine, SGLangLauncher
+    from coldsnap.machine import REGISTRY
+    from coldsnap.providers._steps import RecoveryProvider
+
+    engine = SGLangEngine(SGLangLauncher(), cuda=True, name="sglang-nosaver")
+    if "sglang-nosaver" not in REGISTRY.names("engine"):
+        REGISTRY.register_engine("sglang-nosaver", build=lambda request: engine)
+    machine = Machine(
+        driver=N610Driver(launcher=engine.launcher, cuda=default_cuda()),
+        provider=RecoveryProvider(),
+        engine=engine,
+        artifacts=StoreArtifacts(engine),
+    )
+    args = tuple(a for a in engine_args if a != "--enable-memory-saver")
+    root.mkdir(parents=True, exist_ok=True)
+    request = CaptureRequest(
+        driver="n610", provider="recovery", engine="sglang-nosaver", model=model,
+        workdir=str(root / "capture"), store=str(root / "store"), name="nosaver",
+        engine_args=args,
+    )  # fmt: skip
+    return machine.capture(request)
+
+
+def _receipt(receipt: Any, seconds: float) -> dict[str, Any]:
+    return {
+        "outcome": receipt.outcome,
+        "error": receipt.error,
+        "wall_s": round(seconds, 3),
+        "workdir": receipt.workdir,
+        "steps": {r.name: round(r.seconds, 3) for r in receipt.steps},
+    }
+
+
+def _plain(record: Any) -> Any:
+    import attrs
+
+    return attrs.asdict(record) if attrs.has(type(record)) else record
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=15)
+    except ProcessLookupError:
+        pass
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--model", type=Path, required=True, help="the random Llama's directory")
+    p.add_argument("--root", type=Path, default=Path("/var/tmp/coldsnap-sglang-machine"))
+    p.add_argument(
+        "--variants",
+        type=lambda s: tuple(v for v in s.split(",") if v),
+        default=VARIANTS,
+        help="comma-separated, of: " + ", ".join(VARIANTS),
+    )
+    p.add_argument("--restores", type=int, default=2)
+    p.add_argument("--budget", type=float, default=540.0, help="seconds for the whole run")
+    p.add_argument("--cold-s", type=float, default=300.0, help="most time for the cold start")
+    p.add_argument("--capture-s", type=float, default=90.0, help="least time to start a capture")
+    p.add_argument("--restore-s", type=float, default=25.0, help="least time to start a restore")
+    p.add_argument("--refusal", action="store_true", help="also the memory-saver-off capture")
+    p.add_argument("--dry", action="store_true", help="no GPU: check imports and requests")
+    args = p.parse_args(argv)
+    bad = [v for v in args.variants if v not in VARIANTS]
+    if bad:
+        p.error(f"--variants: unknown {', '.join(bad)} (known: {', '.join(VARIANTS)})")
+    if args.restores < 1:
+        p.error("--restores: at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if not args.dry:
+        shutil.rmtree(args.root, ignore_errors=True)
+    args.root.mkdir(parents=True, exist_ok=True)
+    return Run(args).main()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,91 @@
+"""Exit codes and the one-line error of the `coldsnap` command.
+
+0 done; 2 a bad request (the request file, its fields, a workdir without a journal, a workdir
+another operation holds); 3 rolled back (nothing left behind); 4 failed with leftovers (a
+compensation failed: the receipt names it); 5 the environment lacks what the operation needs
+(CRIU, an engine install); 1 any other coldsnap error. Errors print one line on stderr,
+`coldsnap: <what>`, and a traceback only under `--debug`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import NoReturn
+
+import click
+
+from coldsnap._errors import ColdsnapError
+from coldsnap.machine import JournalError, Receipt, RequestError
+
+OK, OTHER, BAD_REQUEST, ROLLED_BACK, FAILED, ENVIRONMENT_MISSING = 0, 1, 2, 3, 4, 5
+
+_ENVIRONMENT_MISSING = ("CriuUnavailable", "GpuInstallError", "ModuleNotFoundError")
+"""Errors that say this host lacks what the operation needs, by class name (a receipt keeps
+its error as `Name: message`)."""
+
+
+def code_of(exc: BaseException) -> int:
+    if type(exc).__name__ in _ENVIRONMENT_MISSING or isinstance(exc, ModuleNotFoundError):
+        return ENVIRONMENT_MISSING
+    if isinstance(exc, RequestError | JournalError | json.JSONDecodeError | UnicodeDecodeError):
+        return BAD_REQUEST
+    return OTHER
+
+
+def receipt_code(receipt: Receipt) -> int:
+    if receipt.outcome == "done":
+        return OK
+    if receipt.outcome == "failed":
+        return FAILED
+    if (receipt.error or "").partition(":")[0] in _ENVIRONMENT_MISSING:
+        return ENVIRONMENT_MISSING
+    return ROLLED_BACK
+
+
+def say(message: str) -> None:
+    first = " ".join(message.split())  # one line, whatever the error's message holds
+    click.echo(f"coldsnap: {first}", err=True)
+
+
+def finish(receipt: Receipt) -> NoReturn:
+    """Prints the receipt's summary on stdout, the error on stderr; exits with its code."""
+    click.echo(
+        json.dumps(
+            {
+                "outcome": receipt.outcome,
+                "error": receipt.error,
+                "seconds": round(receipt.seconds, 3),
+                "workdir": receipt.workdir,
+            }
+        )
+    )
+    code = receipt_code(receipt)
+    if code:
+        say(f"{receipt.outcome}: {receipt.error} (receipt in {receipt.workdir})")
+    sys.exit(code)
+
+
+@contextmanager
+def reported(debug: Callable[[], bool]) -> Iterator[None]:
+    """Turns an error into its one line and exit code (with the traceback under --debug)."""
+    try:
+        yield
+    except (ColdsnapError, OSError, ValueError, ImportError) as exc:
+        if debug():
+            traceback.print_exc(file=sys.stderr)
+        say(_describe(exc))
+        sys.exit(code_of(exc))
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, RequestError):
+        return "bad request: " + "; ".join(f"field '{f}': {m}" for f, m in exc.problems)
+    text = str(exc) or type(exc).__name__
+    return text if isinstance(exc, ColdsnapError) else f"{type(exc).__name__}: {text}"
+
+
+__all__ = ["code_of", "finish", "receipt_code", "reported", "say"]
