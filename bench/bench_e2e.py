@@ -8,6 +8,8 @@ model, same run, side by side. Prints the ratio of medians and the absolute seco
   to its first greedy answer (/generate polled directly: SGLang's /health sleeps a second).
 - P1: an n610 restore (Machine.restore: admit, stage, CRIU restore, hydrate, health, acceptance)
   to the first answer that equals the cold one token for token.
+  Admit verifies every block of the process image; its seconds (`verify_image_seconds`) are
+  printed beside each restore and as a share of the restore time.
 - P2: the same for n580 (template restore + release + engine construction).
 Each round runs one of each, interleaved, so the machine's noise hits all three alike; a round
 is repeated with a warm page cache and after `sync; echo 3 > /proc/sys/vm/drop_caches` before
@@ -131,7 +133,11 @@ def main() -> int:
                 results["rows"].append(row)
                 print(
                     f"  {condition:7} run {run}: cold {row['cold'].seconds:6.2f} s  "
-                    + "  ".join(f"{d} {row[d]['seconds']:5.2f} s" for d in DRIVERS)
+                    + "  ".join(
+                        f"{d} {row[d]['seconds']:5.2f} s "
+                        f"(verify image {row[d]['verify_image']:.3f} s)"
+                        for d in DRIVERS
+                    )
                     + f"  (load {row['load']})"
                 )
         _report(results, conditions)
@@ -159,26 +165,36 @@ def _restore(
     answer, receipt, machine = restore_to_first_answer(request, expected)
     machine.stop(receipt)
     shutil.rmtree(request.workdir, ignore_errors=True)
-    return {"seconds": answer.seconds, "steps": receipt.timings()}
+    verify = receipt.facts.get("verify_image_seconds")
+    if not isinstance(verify, int | float):
+        raise DemoError(f"restore {tag} ({driver}): admit reported no verify_image_seconds")
+    return {"seconds": answer.seconds, "steps": receipt.timings(), "verify_image": verify}
 
 
 def _report(results: dict[str, Any], conditions: list[tuple[str, bool]]) -> None:
     print()
-    print(f"{'':24}{'cold (s)':>10}{'restore (s)':>13}{'ratio':>8}   restore min-max (s)")
+    print(
+        f"{'':24}{'cold (s)':>10}{'restore (s)':>13}{'ratio':>8}   restore min-max (s)"
+        f"{'verify image (s)':>19}{'of restore':>12}"
+    )
     for condition, _ in conditions:
         rows = [r for r in results["rows"] if r["condition"] == condition]
         cold = statistics.median(r["cold"].seconds for r in rows)
         for label, driver in (("P1 n610", "n610"), ("P2 n580", "n580")):
             times = [r[driver]["seconds"] for r in rows]
             median = statistics.median(times)
+            verify = statistics.median(r[driver]["verify_image"] for r in rows)
             results[f"{label[:2]}_{condition}"] = {
                 "cold_median": cold,
                 "restore_median": median,
                 "ratio": cold / median,
+                "verify_image_median": verify,
+                "verify_image_of_restore": verify / median,
             }
             print(
                 f"{label} {condition + ' cache':16}{cold:10.2f}{median:13.2f}"
                 f"{cold / median:7.1f}x   {min(times):.2f}-{max(times):.2f}"
+                f"{verify:19.3f}{100 * verify / median:11.1f}%"
             )
     print()
     print("restore steps, median seconds (steps over 10 ms):")

@@ -47,6 +47,28 @@ class PlanError(PluginError, ValueError):
     """The resume plan is missing or malformed; the message names the field."""
 
 
+# -- boolean COLDSNAP_* variables (COLDSNAP_ARTIFACT_PREVERIFIED, ...): the plugin's settings and
+# the native provider read them with this one parser -------------------------------------------
+FLAG_TRUE = ("1", "true", "yes", "on")
+FLAG_FALSE = ("0", "false", "no", "off")
+FLAG_VALUES = ("0", "1", "true", "false", "yes", "no", "on", "off")
+
+
+class FlagError(PluginError, ValueError):
+    """A boolean COLDSNAP_* variable holds a value that is neither true nor false."""
+
+
+def parse_flag(raw: str) -> bool:
+    """1/true/yes/on or 0/false/no/off in any case, surrounding spaces ignored; empty is
+    false (the variable set to nothing). Anything else raises FlagError."""
+    value = raw.strip().lower()
+    if value in FLAG_TRUE:
+        return True
+    if value in FLAG_FALSE or not value:
+        return False
+    raise FlagError(f"{raw!r} is not a boolean (accepted: {', '.join(FLAG_VALUES)}, or empty)")
+
+
 def status_path(runtime_dir: Path, process: str) -> Path:
     """Where the plugin keeps the status record of `process` (main, scheduler-tp0, ...)."""
     return runtime_dir / "sglang" / f"{process}.json"
@@ -138,6 +160,9 @@ def read_plan(runtime_dir: Path) -> ResumePlan:
 
 __all__ = [
     "CUDA_GRAPH",
+    "FLAG_FALSE",
+    "FLAG_TRUE",
+    "FLAG_VALUES",
     "KV_CACHE",
     "MEMORY_TAGS",
     "PLAN_FILE",
@@ -147,8 +172,10 @@ __all__ = [
     "STATUS_FORMAT",
     "STATUS_KIND",
     "WEIGHTS",
+    "FlagError",
     "PlanError",
     "ResumePlan",
+    "parse_flag",
     "plan_from",
     "read_plan",
     "status_path",

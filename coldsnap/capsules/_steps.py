@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -178,12 +179,15 @@ class StoreArtifacts:
         check_compatible(capsule.identity, self._runtime(ctx, capsule.identity))
         dest = ctx.workdir / "image"
         image = _link_tree(store, capsule.by_role(IMAGE_ROLE), IMAGE_PREFIX, dest)
+        t0 = time.perf_counter()
         try:
             verify_layout(capsule.by_role(IMAGE_ROLE), IMAGE_PREFIX, image)
         except IntegrityError:
             shutil.rmtree(image, ignore_errors=True)  # no unverified image stays laid out
             raise
+        verify_seconds = time.perf_counter() - t0
         facts: dict[str, Any] = {
+            s.VERIFY_IMAGE_SECONDS.name: verify_seconds,
             s.CAPSULE_DIGEST.name: digest,
             s.CAPSULE.name: {**record.facts, "driver": record.driver, "model_id": record.model_id},
             s.IMAGE_DIR.name: str(image),

@@ -1,5 +1,6 @@
-"""Commands: capture, restore, resume, plan, docs, demo. Parsing is click's; the work is the
-Machine's, over the components the registry builds for each request."""
+"""Commands: capture, restore, resume, plan, docs, demo, doctor, ls, show, gc. Parsing is
+click's; the work is the Machine's, over the components the registry builds for each request
+(doctor checks the host; ls, show and gc read the store)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from coldsnap.machine import (
     read_journal,
 )
 
+from ._doctor import doctor
 from ._errors import finish, reported
+from ._store_cmds import gc, ls, show
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "state-machines.md"
 
@@ -131,3 +134,7 @@ def demo() -> None:
     from ._demo import run_demo
 
     sys.exit(run_demo())
+
+
+for _command in (doctor, ls, show, gc):
+    main.add_command(_command)

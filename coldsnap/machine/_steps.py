@@ -46,6 +46,9 @@ WEIGHT_SOURCE = fact(
 )
 
 # -- facts of the store steps -------------------------------------------------------------------
+VERIFY_IMAGE_SECONDS = fact(
+    "verify_image_seconds", "seconds admit spent verifying every block of the process image"
+)
 CAPSULE_DIGEST = fact("capsule_digest", "sha256 digest of the sealed or admitted capsule")
 CAPSULE_CREATED = fact("capsule_created", "whether this capture created the capsule")
 CAPSULE_TAG_WAS = fact("capsule_tag_was", "what the capture's tag pointed to before the seal")
@@ -128,7 +131,14 @@ ADMIT = Step(
     "load the capsule, check it against this runtime's identity, lay its files out",
     side_effect=False,
     on_interrupt="retry",
-    makes=(CAPSULE_DIGEST, CAPSULE, IMAGE_DIR, CAPSULE_CHECKPOINT, PAYLOAD_DIR),
+    makes=(
+        CAPSULE_DIGEST,
+        CAPSULE,
+        IMAGE_DIR,
+        CAPSULE_CHECKPOINT,
+        PAYLOAD_DIR,
+        VERIFY_IMAGE_SECONDS,
+    ),
 )
 STAGE_PAYLOAD = Step(
     "stage_payload",

@@ -157,7 +157,7 @@ def hook_landed(target: str, hook: Any) -> bool:
     owner_path, _, attr = target.rpartition(".")
     try:
         owner = pkgutil.resolve_name(owner_path)
-    except Exception:
+    except (ImportError, AttributeError, ValueError):  # the owner is gone: the hook did not land
         return False
     obj = owner.__dict__.get(attr) if isinstance(owner, type) else getattr(owner, attr, None)
     if isinstance(obj, staticmethod | classmethod):

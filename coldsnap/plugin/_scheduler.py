@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from coldsnap._errors import PluginError
-from coldsnap._wire import MEMORY_TAGS, WEIGHTS, read_plan
+from coldsnap._wire import MEMORY_TAGS, PLAN_FILE, WEIGHTS, read_plan
 
 from . import _nccl, _payload
 from ._contracts import variant_in_use
@@ -70,17 +70,42 @@ def _role(runner: Any) -> str:
     return "draft" if not idx else f"draft{idx}"
 
 
+class TopologyUnreadable(PluginError, RuntimeError):
+    """This process's TP group or rank cannot be read: nothing falls back to rank 0 (whose
+    pack another rank would then read)."""
+
+
+def _tp_group() -> Any:
+    """SGLang's TP group coordinator of this process; TopologyUnreadable when it has none."""
+    where = "sglang.srt.distributed.parallel_state.get_tp_group()"
+    try:
+        from sglang.srt.distributed.parallel_state import get_tp_group
+
+        group = get_tp_group()
+    except (ImportError, AttributeError, AssertionError, RuntimeError) as exc:
+        # 0.5.17 asserts the group is initialised; 0.5.23 raises RuntimeError when unwritten
+        raise TopologyUnreadable(
+            f"the TP group of this process cannot be read ({where}: {type(exc).__name__}: {exc})"
+        ) from None
+    if group is None:
+        raise TopologyUnreadable(f"the TP group of this process cannot be read ({where} is None)")
+    return group
+
+
 def _tp_rank(group: Any = None) -> int:
+    """This process's TP rank: from `group` when torch.distributed is up, else from SGLang's TP
+    group coordinator; TopologyUnreadable when neither can be read."""
     import torch.distributed as dist
 
     if group is not None and dist.is_initialized():
-        return int(dist.get_rank(group=group))
-    try:
-        from sglang.srt.runtime_context import get_parallel
-
-        return int(get_parallel().tp_rank)
-    except Exception:
-        return 0
+        rank = dist.get_rank(group=group)
+        where = "torch.distributed.get_rank(TP CPU group)"
+    else:
+        rank = getattr(_tp_group(), "rank_in_group", None)
+        where = "TP group rank_in_group"
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+        raise TopologyUnreadable(f"the TP rank of this process cannot be read: {where} is {rank!r}")
+    return rank
 
 
 def _barrier(group: Any) -> None:
@@ -177,7 +202,7 @@ class SchedulerHooks:
         group = mgr.tp_cpu_group
         op = getattr(recv_req, "rid", None)
         try:
-            exports = self._before_release(tags, _tp_rank(group), op)
+            exports = self._before_release(tags, group, op)
         except Exception as exc:
             # Nothing is released yet: the engine keeps serving and the call can be retried.
             logger.error("coldsnap: release refused: %s", traceback.format_exc())
@@ -204,7 +229,7 @@ class SchedulerHooks:
         )
         return result
 
-    def _before_release(self, tags: list[str], rank: int, op: str | None) -> dict[str, Any] | None:
+    def _before_release(self, tags: list[str], group: Any, op: str | None) -> dict[str, Any] | None:
         """Checks the registry and exports the native payload while the weights are intact."""
         if WEIGHTS not in tags:
             return None
@@ -214,6 +239,7 @@ class SchedulerHooks:
         if not self.settings.export_model_payload:
             return None
         assert self.settings.artifact_dir is not None  # settings cross-check
+        rank = _tp_rank(group)
         root = export_root(self.settings.artifact_dir, op)
         exports: dict[str, Any] = {"root": str(root)}
         for entry in self.registry.models():
@@ -373,10 +399,12 @@ class SchedulerHooks:
         return original(updater, model_path, *args, **kwargs)
 
     def _plan_draft_checkpoint(self) -> str | None:
-        try:
-            return read_plan(self._runtime_dir()).draft_checkpoint
-        except Exception:
+        """The plan's draft checkpoint; None only when there is no plan (an update from disk
+        outside a coldsnap resume). A malformed plan is refused (PlanError names the field)."""
+        runtime_dir = self._runtime_dir()
+        if not (runtime_dir / PLAN_FILE).exists():
             return None
+        return read_plan(runtime_dir).draft_checkpoint
 
     # ---------------------------------------------------------------- graphs
     def around_init_cuda_graphs(self, original: Any, runner: Any, *args: Any, **kwargs: Any) -> Any:
@@ -507,15 +535,6 @@ def export_root(artifact_dir: Path, operation: str | None) -> Path:
     if not name.strip("."):
         name = "export"  # never "", "." or "..": the root stays inside artifact_dir/native
     return artifact_dir / "native" / name
-
-
-def _tp_group() -> Any:
-    try:
-        from sglang.srt.distributed.parallel_state import get_tp_group
-
-        return get_tp_group()
-    except Exception:
-        return None
 
 
 def decode_shape_plan(runner: Any) -> dict[str, Any]:

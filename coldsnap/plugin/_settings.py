@@ -14,6 +14,7 @@ from pathlib import Path
 import attrs
 
 from coldsnap._errors import PluginError
+from coldsnap._wire import FLAG_VALUES, FlagError, parse_flag
 
 MODES = ("off", "capture", "restore")
 LIVE_BACKINGS = ("auto", "torch_memory_saver", "host_discard", "none")
@@ -22,9 +23,7 @@ STARTUP_PROVIDERS = ("checkpoint", "native", "recovery")
 # admission also checks that the installed SGLang knows the one chosen.
 RECOVERY_LOAD_FORMATS = ("auto", "safetensors", "pt")
 SHAPE_CALIBRATIONS = ("off", "record", "enforce")
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off", "")
-BOOL_VALUES = ("0", "1", "true", "false", "yes", "no", "on", "off")
+BOOL_VALUES = FLAG_VALUES
 
 
 class SettingsError(PluginError, ValueError):
@@ -106,15 +105,10 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             else:
                 values[field] = value
         elif kind == "bool":
-            low = value.lower()
-            if low in _TRUE:
-                values[field] = True
-            elif low in _FALSE:
-                values[field] = False
-            else:
-                problems.append(
-                    (name, f"{raw!r} is not a boolean (accepted: {', '.join(BOOL_VALUES)})")
-                )
+            try:
+                values[field] = parse_flag(raw)
+            except FlagError as exc:
+                problems.append((name, str(exc)))
         else:
             if not value:
                 continue
@@ -122,6 +116,10 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             if not path.is_absolute():
                 problems.append(
                     (name, f"{raw!r} is not an absolute path (accepted: an absolute path)")
+                )
+            elif path.exists() and not path.is_dir():
+                problems.append(
+                    (name, f"{raw!r} exists and is not a directory (accepted: a directory path)")
                 )
             else:
                 values[field] = path

@@ -651,6 +651,7 @@ class MemoryStore(_Double):
             payload = f"{ctx.request.workdir}/payload"
             self.world.files[payload] = capsule["payload"]
         return {
+            s.VERIFY_IMAGE_SECONDS.name: 0.0,  # nothing to hash in memory
             s.CAPSULE_DIGEST.name: digest,
             s.CAPSULE.name: {
                 **capsule["facts"],

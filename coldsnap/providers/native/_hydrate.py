@@ -34,6 +34,8 @@ import torch
 import xxhash
 from attrs import frozen
 
+from coldsnap._wire import FlagError, parse_flag
+
 from .._closing import Closing
 from .._errors import HydrationFailed, PackDamaged, ProviderError
 from .._layout import Tensors, as_mapping
@@ -48,10 +50,6 @@ _VERIFY_PIECE = 2 << 20  # read-then-hash in pieces that stay in a core's L2 cac
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off", "")
-
-
 class VariableError(ProviderError, ValueError):
     """A COLDSNAP_* variable the providers read holds a value it does not accept."""
 
@@ -61,14 +59,10 @@ def verify_by_default() -> bool:
     the way the plugin's settings read it (1/true/yes/on, 0/false/no/off or empty, any case);
     any other value is refused, naming the variable."""
     raw = os.environ.get(PREVERIFIED_ENV, "")
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return False
-    if value in _FALSE:
-        return True
-    raise VariableError(
-        f"{PREVERIFIED_ENV}={raw!r} is not one of: {', '.join(_TRUE + _FALSE[:-1])} (or empty)"
-    )
+    try:
+        return not parse_flag(raw)
+    except FlagError as exc:
+        raise VariableError(f"{PREVERIFIED_ENV}: {exc}") from None
 
 
 def default_threads() -> int:
