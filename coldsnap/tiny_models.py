@@ -38,6 +38,8 @@ SIZES: dict[str, _Size] = {
     "tiny": _Size(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=1000),
     # ~127 M parameters = ~254 MB of bf16: weights dominate the scheduler's memory.
     "small": _Size(hidden=1024, intermediate=4096, layers=8, heads=16, kv_heads=8, vocab=1000),
+    # ~1.26 G parameters = ~2.35 GiB of bf16: the GPU qualification's model of "at least 2 GiB".
+    "2g": _Size(hidden=2048, intermediate=8192, layers=20, heads=16, kv_heads=8, vocab=1000),
 }
 
 _FORMAT = 1

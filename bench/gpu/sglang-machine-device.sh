@@ -10,8 +10,13 @@
 # pip-installed there, so a dist-info folder with its entry points (sglang.srt.plugins: the plugin;
 # coldsnap.registrations: drivers, engine, providers, store) is generated from pyproject.toml.
 #
-# Usage: bench/gpu/sglang-machine-device.sh OUT [BUDGET_S] [-- extra sglang_machine.py args]
+# Usage: [SIZE=small|2g] bench/gpu/sglang-machine-device.sh OUT [BUDGET_S] [-- extra args]
 #        bench/gpu/sglang-machine-device.sh --dry OUT   (no GPU: dist-info, imports, requests)
+# SIZE picks the random Llama (coldsnap.tiny_models), built once per machine at /tmp/model-SIZE.
+# Set-up is skipped where an earlier call on the same (still warm) machine did it; the cold
+# start's record is kept in /tmp/cold-SIZE.json for later calls (--cold-json).
+# With an n580 variant, the template's imports are probed first for CUDA device files
+# (an n580 template must be context-free; OUT/template-probe.txt).
 set -uo pipefail
 dry=0
 if [ "${1:-}" = "--dry" ]; then dry=1; shift; fi
@@ -56,14 +61,19 @@ if [ $dry = 1 ]; then
     --dry "$@"
 fi
 
-# -- unpack SGLang, wheels, CRIU ---------------------------------------------------------------
-mkdir -p /tmp/sgl /tmp/site
-tar -C /tmp/sgl -xJf .carry/sglang-0.5.17-gpu.tar.xz &
-untar=$!
-"$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  .carry/whl/*.whl || exit 1
-tar -C /tmp -xJf .carry/criu-bundle.tar.xz || exit 1
-wait $untar || exit 1
+# -- unpack SGLang, wheels, CRIU (once per machine) ---------------------------------------------
+if [ ! -f /tmp/sgl/.coldsnap-unpacked ]; then
+  rm -rf /tmp/sgl /tmp/site; mkdir -p /tmp/sgl /tmp/site
+  tar -C /tmp/sgl -xJf .carry/sglang-0.5.17-gpu.tar.xz &
+  untar=$!
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    .carry/whl/*.whl || exit 1
+  tar -C /tmp -xJf .carry/criu-bundle.tar.xz || exit 1
+  wait $untar || exit 1
+  touch /tmp/sgl/.coldsnap-unpacked
+fi
+size=${SIZE:-small}
+model=/tmp/model-$size
 export PYTHONPATH=$tree:$dist:/tmp/sgl:/tmp/site
 export PATH=/tmp/sgl/bin:$PATH PYTHONUNBUFFERED=1
 export COLDSNAP_CRIU=/tmp/criu-bundle/criu
@@ -78,14 +88,31 @@ mkdir -p /run/coldsnap/engines
   "$py" -P -c 'import torch, transformers, triton, sglang, torch_memory_saver, importlib.metadata as m; print("torch", torch.__version__, "transformers", transformers.__version__, "triton", triton.__version__, "sglang", sglang.__version__, "tms", m.version("torch_memory_saver")); print("sglang.srt.plugins", [f"{e.name}={e.value}" for e in m.entry_points(group="sglang.srt.plugins")]); print("coldsnap.registrations", sorted(e.name for e in m.entry_points(group="coldsnap.registrations")))'
   "$COLDSNAP_CRIU" --version; "$COLDSNAP_CRIU" check 2>&1 | tail -1
   git -C "$tree" rev-parse HEAD 2>/dev/null; git -C "$tree" status --short 2>/dev/null | head -40
-  "$py" -c 'from coldsnap.tiny_models import build_model; print(build_model("/tmp/model", "llama", "small", 0))'
+  "$py" -c "import time; t = time.perf_counter(); from coldsnap.tiny_models import build_model; print(build_model('$model', 'llama', '$size', 0)); print(f'model build: {time.perf_counter() - t:.1f} s')"
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
-[ -f /tmp/model/config.json ] || { echo "no model built" >&2; exit 1; }
+[ -f "$model/config.json" ] || { echo "no model built" >&2; exit 1; }
+case " $* " in *n580*)
+  # An n580 template imports these (SGLangLauncher.template_preload, forkserver_preload) and
+  # must hold no CUDA device file afterwards.
+  "$py" - > "$out/template-probe.txt" 2>&1 <<'EOF'
+import importlib, os, time
+from coldsnap.engines.sglang import SGLangLauncher
+t = time.perf_counter()
+for name in (*SGLangLauncher.template_preload, *(SGLangLauncher.forkserver_preload or ())):
+    importlib.import_module(name)
+maps = [l.split()[-1] for l in open("/proc/self/maps") if "/dev/nvidia" in l]
+fds = [os.readlink(f"/proc/self/fd/{f}") for f in os.listdir("/proc/self/fd")]
+print(f"imports {time.perf_counter() - t:.1f} s; nvidia maps {sorted(set(maps))};",
+      f"nvidia fds {[f for f in fds if 'nvidia' in f]}")
+EOF
+  cat "$out/template-probe.txt";;
+esac
 elapsed=$(( $(date +%s) - t0 ))
 echo "setup took ${elapsed} s"
-"$py" bench/gpu/sglang_machine.py --out "$out" --model /tmp/model \
-  --budget $(( budget - elapsed - 15 )) "$@" 2>&1 | tee "$out/sglang_machine.log"
+"$py" bench/gpu/sglang_machine.py --out "$out" --model "$model" --size "$size" \
+  --cold-json "/tmp/cold-$size.json" --budget $(( budget - elapsed - 15 )) "$@" 2>&1 \
+  | tee "$out/sglang_machine.log"
 rc=${PIPESTATUS[0]}
 echo "sglang_machine.py exited $rc after $(( $(date +%s) - t0 )) s"
 exit "$rc"
