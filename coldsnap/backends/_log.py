@@ -10,7 +10,8 @@ HARMLESS_ERRORS: tuple[str, ...] = (
     "rlimit: Can't setup RLIMIT_NOFILE",  # a VM whose hard limit CRIU may not raise
 )
 
-_ERROR = re.compile(r"^(?:\(\s*[\d.]+\)\s*)?(Error \(.*)$")
+# "(00.033714)  24974: Error (...)": a restored task's own lines carry its PID after the time.
+_ERROR = re.compile(r"^(?:\(\s*[\d.]+\)\s*)?(?:\d+:\s*)?(Error \(.*)$")
 
 
 def first_error(text: str) -> str | None:

@@ -9,7 +9,9 @@ The defaults are what a real SGLang tree needs (sglang-criu-facts.md):
 `--tcp-established` (TCPStore's loopback connection), `--network-lock skip` (no iptables/nft
 here; safe when both ends are inside the frozen tree), `--link-remap` (deleted POSIX semaphore
 files) and `--file-locks` (the scheduler flocks a /dev/shm file now and then), on dump and
-restore alike. Files outside the image that a restore needs are kept with it (_files).
+restore alike. Files outside the image that a restore needs are kept with it (_files), and
+the tree's output can be re-pointed at restore (`output`, CRIU's --inherit-fd), so a restore
+needs nothing from the directory the tree was dumped in.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import filelock
@@ -43,6 +45,7 @@ from ._records import (
     read_record,
     write_record,
 )
+from ._stdio import read_stdio_paths
 
 MINIMUM_VERSION = (4, 2)
 DEFAULT_BINARIES = ("/usr/local/sbin/criu",)
@@ -294,6 +297,7 @@ class Criu:
         new_pid_namespace: bool = False,
         tcp_established: bool = True,
         file_locks: bool = True,
+        output: str | os.PathLike[str] | None = None,
         extra_args: Sequence[str] = (),
         timeout: float | None = 300.0,
     ) -> RestoredTree:
@@ -308,6 +312,11 @@ class Criu:
           namespace ends when it does), so the image's PIDs need not be free here and the
           original may still run. An image whose tree had its own PID namespace (launched with
           new_pid_namespace) always restores into a new one: its PIDs never collide.
+        - `output`: a file (opened for appending, created if missing) that takes the place of
+          the regular files the root had as stdout and stderr at dump, in every process of the
+          tree that holds them (CRIU's --inherit-fd matches by path). The dump-time log, and
+          its directory, need not exist then. A root whose stdout and stderr were not regular
+          files (/dev/null, a pipe) has nothing to re-point: `output` is left unused.
         Before CRIU runs: the PIDs the image takes back are checked (PidCollision names the
         holder), and the files saved at dump are put back.
         """
@@ -329,6 +338,7 @@ class Criu:
         self.require_version()
         work = _fresh_work_dir(images, work_dir)
         pid_path = Path(pidfile) if pidfile is not None else work / "restored.pid"
+        redirected = read_stdio_paths(images) if output is not None else ()
 
         args = [
             "restore",
@@ -351,7 +361,13 @@ class Criu:
         ]
         log_path = work / RESTORE_LOG
 
-        with filelock.FileLock(_RESTORE_LOCK):
+        with (
+            _opened_output(output if redirected else None) as out_fd,
+            filelock.FileLock(_RESTORE_LOCK),
+        ):
+            pass_fds = () if out_fd is None else (out_fd,)
+            if out_fd is not None:
+                args += _inherit_args(out_fd, redirected)
             put_back = [saved.path for saved in manifest.saved_files] if manifest else []
             for path in put_back:
                 _files.put_back(images, path)
@@ -359,10 +375,10 @@ class Criu:
             try:
                 if attached:
                     criu_pid, root = self._restore_attached(
-                        args, work, log_path, tasks[0].pid, new_pid_namespace, timeout
+                        args, work, log_path, tasks[0].pid, new_pid_namespace, timeout, pass_fds
                     )
                 else:
-                    self._run("restore", args, log_path, timeout)
+                    self._run("restore", args, log_path, timeout, pass_fds)
                     criu_pid, root = None, _read_pidfile(pid_path, log_path)
             except CriuError:
                 if not attached:
@@ -404,7 +420,14 @@ class Criu:
         assert self.binary is not None
         return [str(self.binary), *args]
 
-    def _run(self, operation: str, args: Sequence[str], log_path: Path, timeout: float | None):
+    def _run(
+        self,
+        operation: str,
+        args: Sequence[str],
+        log_path: Path,
+        timeout: float | None,
+        pass_fds: Sequence[int] = (),
+    ) -> None:
         try:
             out = subprocess.run(
                 self._command(args),
@@ -412,6 +435,7 @@ class Criu:
                 capture_output=True,
                 text=True,
                 timeout=timeout,
+                pass_fds=tuple(pass_fds),
             )
         except subprocess.TimeoutExpired:
             raise CriuError(
@@ -439,6 +463,7 @@ class Criu:
         root_pid: int,
         new_pid_namespace: bool,
         timeout: float | None,
+        pass_fds: Sequence[int] = (),
     ) -> tuple[int, int]:
         """Starts CRIU that stays as the tree's parent; waits for its post-resume hook."""
         marker = work / "resumed"
@@ -463,6 +488,7 @@ class Criu:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             close_fds=True,
+            pass_fds=tuple(pass_fds),
             start_new_session=True,
         )
         deadline = time.monotonic() + (timeout if timeout is not None else float("inf"))
@@ -503,6 +529,28 @@ def _options(*pairs: tuple[str, bool | str]) -> list[str]:
         elif value:
             out.append(option)
     return out
+
+
+def _inherit_args(fd: int, paths: Iterable[str]) -> list[str]:
+    """--inherit-fd for each path: CRIU names a regular file by its path without the leading
+    slash (files-reg.c, reg_file_path), and restores every descriptor of it from `fd`."""
+    return [arg for path in paths for arg in ("--inherit-fd", f"fd[{fd}]:{path.lstrip('/')}")]
+
+
+@contextlib.contextmanager
+def _opened_output(path: str | os.PathLike[str] | None) -> Iterator[int | None]:
+    """The restored tree's output file, opened for appending for as long as CRIU runs (CRIU
+    duplicates it into the tree; our copy is closed after)."""
+    if path is None:
+        yield None
+        return
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def _write_hook(path: Path, action: str, body: list[str]) -> Path:

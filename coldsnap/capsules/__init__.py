@@ -9,7 +9,7 @@ from typing import Any
 
 from coldsnap.machine import Engine, Registry
 
-from ._record import RECORD_NAME, CaptureRecord
+from ._record import RECORD_NAME, CaptureRecord, read_record
 from ._steps import StoreArtifacts, carried_facts
 
 
@@ -26,4 +26,12 @@ def register(registry: Registry) -> None:
     )
 
 
-__all__ = ["RECORD_NAME", "CaptureRecord", "StoreArtifacts", "build", "carried_facts", "register"]
+__all__ = [
+    "RECORD_NAME",
+    "CaptureRecord",
+    "StoreArtifacts",
+    "build",
+    "carried_facts",
+    "read_record",
+    "register",
+]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import cattrs
 from attrs import field, frozen
 
+from coldsnap.artifacts import from_json, make_converter
 from coldsnap.artifacts import validate as v
 
 RECORD_NAME = "capture.json"
@@ -14,11 +16,16 @@ RECORD_NAME = "capture.json"
 
 @frozen(kw_only=True)
 class CaptureRecord:
-    """Which driver, provider and engine captured what model, and the capture's carried facts
-    (those the spec's steps declare `carried`: how the engine answered, where it listened, and
-    what the driver needs to restore it). The store copies them without reading them."""
+    """Which driver, provider and engine captured what model with which engine arguments, and
+    the capture's carried facts (those the spec's steps declare `carried`: how the engine
+    answered, where it listened, and what the driver needs to restore it). The store copies
+    them without reading them.
+
+    Format 2 binds `engine_args` (admission compares them with the restore's, see
+    coldsnap.capsules._engine_args); a format-1 record cannot be checked and is refused."""
 
     KIND: ClassVar[str] = "coldsnap.capture-record"
+    FORMAT: ClassVar[int] = 2
 
     driver: str = field(validator=v.text)
     provider: str = field(validator=v.text)
@@ -26,8 +33,31 @@ class CaptureRecord:
     model_id: str = field(validator=v.text)
     revision: str
     facts: dict[str, Any]
-    format: int = field(default=1, validator=v.exactly(1))
+    engine_args: tuple[str, ...] = ()
+    format: int = field(default=FORMAT, validator=v.exactly(FORMAT))
     kind: str = field(default=KIND, validator=v.exactly(KIND))
 
 
-__all__ = ["RECORD_NAME", "CaptureRecord"]
+def _strict_args(value: Any, _: Any) -> tuple[str, ...]:
+    """A JSON list of strings, never a string taken as its characters."""
+    if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
+        raise TypeError(f"expected a list of strings, got {type(value).__name__} {value!r}")
+    return tuple(value)
+
+
+def _converter() -> cattrs.Converter:
+    conv = make_converter()
+    conv.register_structure_hook_func(lambda t: t == tuple[str, ...], _strict_args)
+    return conv
+
+
+RECORD_CONVERTER = _converter()
+"""The artifacts' strict converter, with engine_args read only from a list of strings."""
+
+
+def read_record(data: bytes | str) -> CaptureRecord:
+    """A capture record from its JSON; RecordError names each bad field."""
+    return from_json(data, CaptureRecord, RECORD_CONVERTER)
+
+
+__all__ = ["RECORD_CONVERTER", "RECORD_NAME", "CaptureRecord", "read_record"]

@@ -43,7 +43,6 @@ from coldsnap.artifacts import (
     check_compatible,
     checkpoint_digests,
     collect_platform,
-    from_json,
     record_digest,
     to_json,
 )
@@ -51,11 +50,14 @@ from coldsnap.machine import Engine, StepContext
 from coldsnap.machine import steps as s
 from coldsnap.plugin import plugin_digest
 
-from ._record import RECORD_NAME, CaptureRecord
+from . import _engine_args
+from ._record import RECORD_NAME, CaptureRecord, read_record
 
 IMAGE_ROLE, IMAGE_PREFIX = "process-image", "image"
 PAYLOAD_ROLE, PAYLOAD_PREFIX = "payload", "payload"
 RECORD_ROLE = "record"
+LAYOUT_IMAGE, LAYOUT_PAYLOAD = "image", "payload"
+"""Where admit lays a capsule out under the restore's workdir."""
 
 
 class StoreArtifacts:
@@ -90,6 +92,7 @@ class StoreArtifacts:
             model_id=request.model.id,
             revision=request.model.revision,
             facts=carried_facts(ctx),
+            engine_args=tuple(request.engine_args),
         )
         data = to_json(record)
         members.append(Member(RECORD_ROLE, RECORD_NAME, store.put_bytes(data), len(data)))
@@ -175,9 +178,9 @@ class StoreArtifacts:
             raise IncompatibleArtifact(
                 [], f"capsule {request.artifact} has no identity to check this runtime against"
             )
-        _check_request_binds(request, capsule.identity)
+        _check_request_binds(request, capsule.identity, record)
         check_compatible(capsule.identity, self._runtime(ctx, capsule.identity))
-        dest = ctx.workdir / "image"
+        dest = ctx.workdir / LAYOUT_IMAGE
         image = _link_tree(store, capsule.by_role(IMAGE_ROLE), IMAGE_PREFIX, dest)
         t0 = time.perf_counter()
         try:
@@ -197,9 +200,15 @@ class StoreArtifacts:
         }
         payload = capsule.by_role(PAYLOAD_ROLE)
         if payload:
-            dest = ctx.workdir / "payload"
+            dest = ctx.workdir / LAYOUT_PAYLOAD
             facts[s.PAYLOAD_DIR.name] = str(_link_tree(store, payload, PAYLOAD_PREFIX, dest))
         return facts
+
+    def discard_layout(self, ctx: StepContext) -> None:
+        """Undoes admit: removes the image and payload it laid out under the workdir (hard
+        links or copies; the store's objects stay). Idempotent."""
+        for sub in (LAYOUT_IMAGE, LAYOUT_PAYLOAD):
+            shutil.rmtree(ctx.workdir / sub, ignore_errors=True)
 
     def _runtime(self, ctx: StepContext, captured: Identity) -> Identity:
         """This host's identity: the captured model, with what this host decides itself."""
@@ -214,11 +223,12 @@ class StoreArtifacts:
         )
 
 
-def _check_request_binds(request: Any, identity: Identity) -> None:
+def _check_request_binds(request: Any, identity: Identity, record: CaptureRecord) -> None:
     """Every field the capsule binds that the restore request also names must be the same:
-    the model (id and revision) and the topology (tp). Refused before anything runs, naming
-    each field with the captured and the requested value."""
-    wrong = []
+    the model (id and revision), the topology (tp) and the engine arguments that change the
+    engine (coldsnap.capsules._engine_args says which may differ). Refused before anything
+    runs, naming each field with the captured and the requested value."""
+    wrong = _engine_args.differences(record.engine_args, request.engine_args)
     model = request.model
     if model is not None:
         for name, captured, wanted in (
@@ -232,8 +242,8 @@ def _check_request_binds(request: Any, identity: Identity) -> None:
     if wrong:
         raise IncompatibleArtifact(
             wrong,
-            f"capsule {request.artifact} binds another model or topology than the request "
-            "names (expected: the capsule's, found: the request's):\n  "
+            f"capsule {request.artifact} binds another model, topology or engine arguments "
+            "than the request names (expected: the capsule's, found: the request's):\n  "
             + "\n  ".join(str(d) for d in wrong),
         )
 
@@ -380,7 +390,7 @@ def _read_record(store: Store, capsule: Capsule, artifact: str) -> CaptureRecord
     records = [m for m in capsule.members if m.role == RECORD_ROLE and m.name == RECORD_NAME]
     if not records:
         raise RecordError(f"capsule {artifact}", [("members", f"no {RECORD_NAME} member")])
-    return from_json(store.read_bytes(records[0].digest), CaptureRecord)
+    return read_record(store.read_bytes(records[0].digest))
 
 
 def _model_config(path: Path) -> dict[str, Any]:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 
@@ -51,8 +51,9 @@ def say(message: str) -> None:
     click.echo(f"coldsnap: {first}", err=True)
 
 
-def finish(receipt: Receipt) -> NoReturn:
-    """Prints the receipt's summary on stdout, the error on stderr; exits with its code."""
+def finish(receipt: Receipt, extra: Mapping[str, Any] | None = None) -> NoReturn:
+    """Prints the receipt's summary (with `extra`) as one JSON line on stdout, the error on
+    stderr; exits with its code."""
     click.echo(
         json.dumps(
             {
@@ -60,6 +61,7 @@ def finish(receipt: Receipt) -> NoReturn:
                 "error": receipt.error,
                 "seconds": round(receipt.seconds, 3),
                 "workdir": receipt.workdir,
+                **(extra or {}),
             }
         )
     )
@@ -82,6 +84,12 @@ def reported(debug: Callable[[], bool]) -> Iterator[None]:
 
 
 def _describe(exc: BaseException) -> str:
+    from ._cmdline import CommandLineError
+
+    if isinstance(exc, CommandLineError):
+        return "cannot capture this command line: " + "; ".join(
+            f"{flag} {why}" for flag, why in exc.problems
+        )
     if isinstance(exc, RequestError):
         return "bad request: " + "; ".join(f"field '{f}': {m}" for f, m in exc.problems)
     text = str(exc) or type(exc).__name__

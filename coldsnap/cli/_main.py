@@ -1,13 +1,12 @@
-"""Commands: capture, restore, resume, plan, docs, demo, doctor, ls, show, gc. Parsing is
-click's; the work is the Machine's, over the components the registry builds for each request
-(doctor checks the host; ls, show and gc read the store)."""
+"""Commands: capture, restore, resume, plan, docs, demo, doctor, ls, show, rm, gc, status, stop,
+schema. Parsing is click's; the work is the Machine's, over the components the registry builds
+for each request (doctor checks the host; ls, show, rm and gc read the store; status and stop
+act on what a restore left serving)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -15,9 +14,6 @@ from coldsnap.machine import (
     JOURNAL_NAME,
     REGISTRY,
     Machine,
-    Request,
-    RequestError,
-    StepEvent,
     document,
     parse_request,
     read_journal,
@@ -25,7 +21,9 @@ from coldsnap.machine import (
 
 from ._doctor import doctor
 from ._errors import finish, reported
-from ._store_cmds import gc, ls, show
+from ._lifecycle import schema, status, stop
+from ._operations import capture, load, print_event, restore
+from ._store_cmds import gc, ls, rm, show
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "state-machines.md"
 
@@ -46,67 +44,27 @@ def _debug() -> bool:
     return bool(ctx and ctx.find_root().obj and ctx.find_root().obj.get("debug"))
 
 
-def _load(request_file: Any) -> Request:
-    """The request in REQUEST_FILE, parsed strictly."""
-    name = getattr(request_file, "name", "the request file")
-    try:
-        data = json.load(request_file)
-    except ValueError as exc:
-        raise RequestError([("$", f"{name} is not JSON: {exc}")]) from None
-    return parse_request(data)
-
-
-def _print_event(event: StepEvent) -> None:
-    if event.phase in ("done", "skipped", "failed", "compensated", "compensation_failed"):
-        detail = f"  ({event.detail})" if event.detail else ""
-        click.echo(
-            f"  {event.spec:<13} {event.step:<20} {event.phase:<20} {event.seconds:7.3f} s{detail}"
-        )
-
-
-@main.command()
-@click.argument("request_file", type=click.File())
-def capture(request_file: Any) -> None:
-    """Capture an engine as described by REQUEST_FILE (JSON)."""
-    with reported(_debug):
-        request = _load(request_file)
-        machine = Machine.for_request(request, subscribers=[_print_event])
-        receipt = machine.capture(request)
-    finish(receipt)
-
-
-@main.command()
-@click.argument("request_file", type=click.File())
-def restore(request_file: Any) -> None:
-    """Restore a capsule as described by REQUEST_FILE (JSON)."""
-    with reported(_debug):
-        request = _load(request_file)
-        machine = Machine.for_request(request, subscribers=[_print_event])
-        receipt = machine.restore(request)
-    finish(receipt)
-
-
 @main.command()
 @click.argument("workdir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 def resume(workdir: Path) -> None:
     """Resume (or compensate) the operation journaled in WORKDIR."""
     with reported(_debug):
         request = parse_request(read_journal(workdir / JOURNAL_NAME)[0].request or {})
-        machine = Machine.for_request(request, subscribers=[_print_event])
+        machine = Machine.for_request(request, subscribers=[print_event])
         receipt = machine.resume(workdir)
     finish(receipt)
 
 
 @main.command()
-@click.argument("request_file", type=click.File())
-def plan(request_file: Any) -> None:
+@click.argument("request_file", type=click.Path(dir_okay=False, allow_dash=True))
+def plan(request_file: str) -> None:
     """Print the steps REQUEST_FILE (JSON) would run, with their guards, needs and makes.
 
     The registered components are built to evaluate the guards; nothing is run."""
     from ._plan import plan_text
 
     with reported(_debug):
-        request = _load(request_file)
+        request = load(request_file)
         spec = REGISTRY.spec(request.operation, request.driver)
         text = plan_text(spec, request, REGISTRY.components(request).by_role())
     click.echo(text)
@@ -136,5 +94,5 @@ def demo() -> None:
     sys.exit(run_demo())
 
 
-for _command in (doctor, ls, show, gc):
+for _command in (capture, restore, doctor, ls, show, rm, gc, status, stop, schema):
     main.add_command(_command)

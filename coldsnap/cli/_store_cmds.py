@@ -40,6 +40,11 @@ def _record(store: Store, capsule: Capsule) -> CaptureRecord | None:
     return from_json(store.read_bytes(member.digest), CaptureRecord)
 
 
+def capture_record(store: Store, ref: str) -> CaptureRecord | None:
+    """The capture record of the capsule `ref` (a tag or digest) names; None without one."""
+    return _record(store, store.capsule(ref))
+
+
 def _created(store: Store, digest: str) -> str:
     marker = store.root / "capsules" / digest.removeprefix(DIGEST_PREFIX)
     stamp = datetime.fromtimestamp(os.stat(marker).st_mtime, tz=UTC)
@@ -164,6 +169,17 @@ def show(name: str, store: Path, as_json: bool) -> None:
     click.echo(f"  snapshot   {snap['name']} (coldsnap {snap['version']})")
 
 
+@click.command("rm")
+@click.argument("name")
+@_STORE
+def rm(name: str, store: Path) -> None:
+    """Unpublish a capsule (by tag or sha256: digest) and drop its tags; `gc` then frees what
+    nothing else reaches."""
+    with reported(_debug):
+        digest = Store(store).unpublish(name)
+    click.echo(f"removed capsule {digest}; run `coldsnap gc` to free its objects")
+
+
 @click.command("gc")
 @_STORE
 @click.option(
@@ -185,4 +201,4 @@ def gc(store: Path, grace: float) -> None:
     )
 
 
-__all__ = ["gc", "ls", "show", "summary"]
+__all__ = ["capture_record", "gc", "ls", "rm", "show", "summary"]

@@ -1,5 +1,10 @@
 """Process lifetimes shared by the drivers: start under the snapshot-friendly launcher, stop and
-reap whole trees, continue trees CRIU left stopped."""
+reap whole trees, continue trees CRIU left stopped, and find what an orchestrator that died
+between a spawn and its journal record left running.
+
+What the drivers leave on the host besides processes is removed with them: an engine's runtime
+dir and a template's control dir (both under HOST_ROOT), and CRIU's restore work dir in the
+workdir (its log is kept beside it)."""
 
 from __future__ import annotations
 
@@ -7,12 +12,23 @@ import contextlib
 import os
 import shutil
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from coldsnap.backends import Criu, Launched, become_subreaper, launch, reap_children, stop_tree
 from coldsnap.backends.procs import pid_exists, tree_pids
 from coldsnap.machine import LaunchCommand, StepContext
+
+HOST_ROOT = Path("/run/coldsnap")
+"""Where engines' runtime dirs and templates' control dirs live: the only place outside the
+workdir from which a driver removes directories."""
+RUNTIME_ENV = "COLDSNAP_RUNTIME_DIR"
+"""The variable naming an engine's runtime dir: unique per launched engine, kept by CRIU."""
+RESTORE_WORK = "criu-restore"
+"""CRIU's restore work dir in the workdir: its log, the restored root's pidfile, its record."""
 
 
 class Processes:
@@ -56,6 +72,12 @@ class Processes:
             stop_tree(pid, timeout)
         reap_children()
 
+    def stop_strays(self, pids: list[int], timeout: float = 5.0) -> None:
+        """Stops trees that no journal record names (see `find_roots`, `restored_root`)."""
+        for pid in pids:
+            stop_tree(pid, timeout)
+        reap_children()
+
     def resume(self, pid: int) -> None:
         """SIGCONT to every task of a tree CRIU restored stopped."""
         for member in tree_pids(pid):
@@ -69,6 +91,92 @@ def _zombie(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except (OSError, IndexError):
         return False
+
+
+Belongs = Callable[[psutil.Process], bool]
+"""Whether a live process is the one a driver looks for (raises psutil.Error when unreadable)."""
+
+
+def env_is(name: str, value: str | None) -> Belongs:
+    """A process whose initial environment sets `name` to `value` (CRIU keeps it)."""
+    return lambda proc: bool(value) and proc.environ().get(name) == value
+
+
+def has_arg(value: str | None) -> Belongs:
+    """A process with `value` among its command-line arguments."""
+    return lambda proc: bool(value) and value in proc.cmdline()[1:]
+
+
+def find_roots(belongs: Belongs) -> list[int]:
+    """Roots of the live process trees that `belongs`: what a spawn left when its orchestrator
+    died before the PID was journaled. A tree's members match alike; only its root is returned.
+    """
+    found: dict[int, int] = {}
+    for proc in psutil.process_iter(["pid", "ppid", "status"]):
+        if proc.info["pid"] == os.getpid() or proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            if belongs(proc):
+                found[proc.info["pid"]] = proc.info["ppid"]
+        except (psutil.Error, OSError):
+            continue
+    return sorted(pid for pid, parent in found.items() if parent not in found)
+
+
+def restored_root(workdir: Path, belongs: Belongs) -> int | None:
+    """The root CRIU restored for this operation (its pidfile in the restore work dir), when
+    it still runs and `belongs`: a restore whose orchestrator died before the PID was
+    journaled. A pidfile may outlive its process and the PID be taken by another: hence the
+    check."""
+    try:
+        pid = int((workdir / RESTORE_WORK / "restored.pid").read_text().strip())
+        proc = psutil.Process(pid)
+        ours = proc.status() != psutil.STATUS_ZOMBIE and belongs(proc)
+    except (OSError, ValueError, psutil.Error):
+        return None
+    return pid if ours else None
+
+
+def runtime_dirs_of(pid: int | None) -> set[str]:
+    """The runtime dir in the initial environment of `pid` (an n580 template's differs from the
+    one its engine gets at release): removed with the process."""
+    if pid is None:
+        return set()
+    try:
+        value = psutil.Process(pid).environ().get(RUNTIME_ENV)
+    except (psutil.Error, OSError):
+        return set()
+    return {value} if value else set()
+
+
+def discard_host_dirs(*paths: str | None) -> None:
+    """`discard_host_dir` for each path."""
+    for path in paths:
+        discard_host_dir(path)
+
+
+def discard_host_dir(path: str | None) -> None:
+    """Removes an engine's runtime dir or a template's control dir. Only a directory strictly
+    below HOST_ROOT is removed (the path may come from a capsule's facts): anything else, a
+    symlink included, is left alone."""
+    if not path:
+        return
+    target = Path(path)
+    if not target.is_absolute() or ".." in target.parts or target.is_symlink():
+        return
+    if HOST_ROOT not in target.parents or not target.is_dir():
+        return
+    shutil.rmtree(target, ignore_errors=True)
+
+
+def discard_restore_work(workdir: Path) -> None:
+    """Removes CRIU's restore work dir from the workdir, keeping its log beside it
+    (`criu-restore.log`): after a failed restore the log is what says why."""
+    work = workdir / RESTORE_WORK
+    log = work / "restore.log"
+    if log.exists():
+        os.replace(log, workdir / f"{RESTORE_WORK}.log")
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def discard_images(images: Path) -> None:

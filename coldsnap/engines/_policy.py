@@ -110,4 +110,3 @@ class EnginePolicy:
                 f"(known: {', '.join(self.memory_tags)})"
             )
         return list(tags)
-

@@ -98,6 +98,14 @@ class Engine(Component, Protocol):
         """Resumes everything else released at capture."""
         ...
 
+    def check_ranks(self, ctx: StepContext) -> StepResult:
+        """Raises unless every rank of a restored engine is there (capability `rank_reports`)."""
+        ...
+
+    def tp_barrier(self, ctx: StepContext) -> StepResult:
+        """Makes `tp_ranks` once every rank reported ready; names those that did not."""
+        ...
+
 
 @runtime_checkable
 class WeightProvider(Component, Protocol):
@@ -130,6 +138,10 @@ class ArtifactStore(Component, Protocol):
 
     def admit(self, ctx: StepContext) -> StepResult:
         """Checks the capsule against this runtime and lays its files out for the driver."""
+        ...
+
+    def discard_layout(self, ctx: StepContext) -> StepResult:
+        """Undoes admit: removes what it laid out under the workdir (the store keeps all)."""
         ...
 
 

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 from attrs import field, frozen
 
 from ._errors import RequestError
+from ._models import find_snapshot
 
 REQUEST_FORMAT = 1
 _TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -17,11 +18,24 @@ _TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 @frozen(kw_only=True)
 class ModelRef:
-    """A model pinned by id and revision, with where its checkpoint lies on this host."""
+    """A model pinned by id and revision, with where its checkpoint lies on this host. Without
+    a path, `id` is a Hugging Face repo id found in the local cache (never downloaded): a
+    request then holds the snapshot's path and its commit hash as the revision (_models)."""
 
     id: str
     revision: str
-    path: str
+    path: str = ""
+
+
+def _from_hub(model: ModelRef) -> ModelRef:
+    if model.path or not model.id or not model.revision:
+        return model  # a local checkpoint, or a problem that validation names
+    snapshot = find_snapshot(model.id, model.revision)
+    return ModelRef(id=model.id, revision=snapshot.commit, path=str(snapshot.path))
+
+
+def _from_hub_or_none(model: ModelRef | None) -> ModelRef | None:
+    return None if model is None else _from_hub(model)
 
 
 def _as_tuple(value: Any) -> tuple[str, ...]:
@@ -41,7 +55,7 @@ class CaptureRequest:
 
     driver: str
     provider: str
-    model: ModelRef
+    model: ModelRef = field(converter=_from_hub)
     workdir: str
     store: str
     name: str = ""
@@ -76,7 +90,7 @@ class RestoreRequest:
     artifact: str
     workdir: str
     store: str
-    model: ModelRef | None = None
+    model: ModelRef | None = field(default=None, converter=_from_hub_or_none)
     engine: str = "sglang"
     engine_args: tuple[str, ...] = field(default=(), converter=_as_tuple)
     tp: int | None = None
@@ -121,7 +135,25 @@ def _common_problems(request: CaptureRequest | RestoreRequest) -> list[tuple[str
     for step, seconds in request.timeouts.items():
         if not isinstance(seconds, int | float) or seconds <= 0:
             problems.append((f"timeouts.{step}", f"must be a positive number, got {seconds!r}"))
+    problems += _owned_flag_problems(request)
     return problems
+
+
+_OWNED_FLAGS = ("--host", "--port")
+"""Engine flags coldsnap sets itself: one in engine_args would silently win over coldsnap's
+(the engine's argument parser takes the last), and coldsnap would poll the wrong port."""
+
+
+def _owned_flag_problems(request: CaptureRequest | RestoreRequest) -> list[tuple[str, str]]:
+    owned = sorted({a.split("=", 1)[0] for a in request.engine_args} & set(_OWNED_FLAGS))
+    if not owned:
+        return []
+    if request.operation == "restore":
+        use = "set the request's field 'port' instead"
+    else:
+        use = "a capture serves on a port coldsnap picks; set 'port' in the restore request"
+    verb = "are" if len(owned) > 1 else "is"
+    return [("engine_args", f"{' and '.join(owned)} {verb} coldsnap's to set: {use}")]
 
 
 def _model_problems(prefix: str, model: ModelRef) -> list[tuple[str, str]]:

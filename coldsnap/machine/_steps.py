@@ -6,8 +6,14 @@ and steps beside their specs and import these.
 from __future__ import annotations
 
 from ._facts import fact
-from ._guards import CHECKPOINT, GRAPHS, PAYLOAD
+from ._guards import CHECKPOINT, GRAPHS, PAYLOAD, Guard, capability
 from ._spec import Step
+
+RANKS = Guard(
+    "ranks",
+    "the engine reports each of its tensor-parallel ranks, so the machine counts them",
+    capability("engine", "rank_reports"),
+)
 
 # -- facts the driver makes and the engine steps need -------------------------------------------
 ENGINE_PID = fact("engine_pid", "PID of the engine's root process (its tree is the engine)")
@@ -28,6 +34,21 @@ ACCEPTANCE_TOKENS = fact(
 )
 EXPORT_DIR = fact("export_dir", "where the engine writes its weight payload on release")
 RESUME_SEED = fact("resume_seed", "the sampling seed every rank took on resume")
+TP_SIZE = fact(
+    "tp_size",
+    "tensor-parallel ranks of the engine, counted from the ranks' own reports of the release",
+    carried=True,
+)
+RANK_PIDS = fact(
+    "rank_pids",
+    "process name -> pid of each rank at the release (an n610 restore brings them back as they "
+    "were)",
+    carried=True,
+)
+TP_RANKS = fact(
+    "tp_ranks",
+    "per rank of the restored engine: its pid and the last operation it reported",
+)
 RESIDUAL_DEVICE_BYTES = fact(
     "residual_device_bytes",
     "device memory still in use after the release, summed over the engine's ranks (0 on CPU)",
@@ -95,7 +116,7 @@ RELEASE_MEMORY = Step(
     compensation="engine.resume_memory",
     timeout_s=120.0,
     needs=(ENGINE_URL, RUNTIME_DIR, ENGINE_PID),
-    makes=(EXPORT_DIR, RESIDUAL_DEVICE_BYTES),
+    makes=(EXPORT_DIR, RESIDUAL_DEVICE_BYTES, TP_SIZE, RANK_PIDS),
 )
 DESTROY_GRAPHS = Step(
     "destroy_graphs",
@@ -129,7 +150,7 @@ ADMIT = Step(
     "admit",
     "artifacts.admit",
     "load the capsule, check it against this runtime's identity, lay its files out",
-    side_effect=False,
+    compensation="artifacts.discard_layout",
     on_interrupt="retry",
     makes=(
         CAPSULE_DIGEST,
@@ -178,6 +199,29 @@ RESUME_REST = Step(
     no_compensation="the driver's restore compensation stops the restored engine",
     timeout_s=300.0,
     needs=(ENGINE_URL,),
+)
+RANKS_PRESENT = Step(
+    "ranks_present",
+    "engine.check_ranks",
+    "before the restored tree runs: every rank the capsule was captured with is back, a live "
+    "process of this engine at its captured pid (a rank lost at restore is named, and the tree "
+    "never runs without it)",
+    side_effect=False,
+    when=RANKS,
+    on_interrupt="retry",
+    needs=(ENGINE_PID, CAPSULE),
+)
+TP_BARRIER = Step(
+    "tp_barrier",
+    "engine.tp_barrier",
+    "read what every rank reported: each one running, all at the same last operation, each "
+    "one ok with nothing left released (and hydrated, for an engine built from a payload); "
+    "names every rank that is missing, failed or ended",
+    side_effect=False,
+    when=RANKS,
+    on_interrupt="retry",
+    needs=(RUNTIME_DIR, ENGINE_PID, CAPSULE),
+    makes=(TP_RANKS,),
 )
 ACCEPTANCE = Step(
     "acceptance",

@@ -117,7 +117,7 @@ class HealthGate:
         op = self._stamp(obj)
         self.close(tm, reason="release")
         result = await original(tm, obj, *args, **kwargs)
-        failed = self.rank_failures(op)
+        failed = self.rank_failures(op, expected_ranks(tm))
         if failed:
             # A rank that refused before releasing changed nothing; if every failing rank
             # refused that early and nothing else is released, serving goes on.
@@ -138,7 +138,7 @@ class HealthGate:
         op = self._stamp(obj)
         self.close(tm, reason="resume")
         result = await original(tm, obj, *args, **kwargs)
-        failed = self.rank_failures(op)
+        failed = self.rank_failures(op, expected_ranks(tm))
         if failed:
             message = _describe(failed)
             self.status.update("resume_failed", operation=op, gate="closed", error=message)
@@ -186,34 +186,56 @@ class HealthGate:
             obj.rid = f"coldsnap-{uuid.uuid4().hex}"
         return str(obj.rid)
 
-    def rank_failures(self, op: str) -> list[dict[str, Any]]:
-        """Status records of scheduler ranks that did not complete operation `op`."""
+    def rank_failures(self, op: str, ranks: list[str]) -> list[dict[str, Any]]:
+        """Status records of the scheduler ranks (`ranks`: their process names) that did not
+        complete operation `op`: a rank without a record of it is missing, and names itself."""
         if self.runtime_dir is None:
             return []
         failed: list[dict[str, Any]] = []
-        found = 0
         directory = self.runtime_dir / "sglang"
-        for path in sorted(directory.glob("scheduler-*.json")):
+        for name in ranks:
+            path = directory / f"{name}.json"
             try:
                 record = json.loads(path.read_text())
+            except FileNotFoundError:
+                record = {}
             except (OSError, ValueError) as exc:
-                failed.append({"process": path.stem, "outcome": "unreadable", "error": str(exc)})
+                failed.append({"process": name, "outcome": "unreadable", "error": str(exc)})
                 continue
             if record.get("operation") != op:
+                failed.append(
+                    {
+                        "process": name,
+                        "outcome": "missing",
+                        "error": f"no report of operation {op} in {path}",
+                    }
+                )
                 continue
-            found += 1
             if record.get("outcome") != "ok":
                 last = record.get("events", [{}])[-1] if record.get("events") else {}
                 failed.append({**record, "event": last.get("event")})
-        if not found:
-            failed.append(
-                {
-                    "process": "scheduler",
-                    "outcome": "missing",
-                    "error": f"no scheduler rank reported operation {op} under {directory}",
-                }
-            )
         return failed
+
+
+class TopologyUnknown(PluginError, RuntimeError):
+    """The HTTP process cannot tell how many scheduler ranks the engine has."""
+
+
+def expected_ranks(tm: Any) -> list[str]:
+    """The status-record names of every scheduler rank of the engine `tm` fronts (the names
+    coldsnap.plugin._install gives them): tp x pp ranks, per data-parallel replica."""
+    args = getattr(tm, "server_args", None)
+    sizes = {k: getattr(args, f"{k}_size", None) for k in ("tp", "pp", "dp")}
+    bad = {k: v for k, v in sizes.items() if not isinstance(v, int) or v < 1}
+    if bad:
+        raise TopologyUnknown(f"the engine's server_args do not give its ranks: {bad}")
+    names = []
+    for dp in range(sizes["dp"]):
+        for pp in range(sizes["pp"]):
+            for tp in range(sizes["tp"]):
+                name = f"scheduler-tp{tp}" + (f"-pp{pp}" if pp else "")
+                names.append(name + (f"-dp{dp}" if sizes["dp"] > 1 else ""))
+    return names
 
 
 def _describe(failed: list[dict[str, Any]]) -> str:

@@ -93,10 +93,12 @@ def install(settings: Settings, role: str) -> tuple[str, ...]:
     """Registers, applies and verifies the hooks of one process role."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    name, place = _place(role)
     status = StatusFile(
         settings.runtime_dir,
-        _status_name(role),
+        name,
         {
+            **place,
             "role": role,
             "mode": settings.mode,
             "contract_digest": STATE.digest,
@@ -132,22 +134,30 @@ def install(settings: Settings, role: str) -> tuple[str, ...]:
     return STATE.landed
 
 
-def _status_name(role: str) -> str:
+def _place(role: str) -> tuple[str, dict[str, Any]]:
+    """The status-record name of this process and, for a scheduler, its place in the engine
+    (tp_rank, tp_size, pp_rank, dp_rank), which the orchestrator and the health gate count."""
     if role != "scheduler":
-        return role
+        return role, {}
     # The TP rank is published only after plugins load; the spawn arguments carry it.
     frame: Any = sys._getframe(0)
     while frame is not None and frame.f_code.co_name != "run_scheduler_process":
         frame = frame.f_back
     if frame is None:
-        return f"scheduler-pid{os.getpid()}"
+        return f"scheduler-pid{os.getpid()}", {}
     loc = frame.f_locals
     name = f"scheduler-tp{loc.get('tp_rank', 0)}"
     if loc.get("pp_rank"):
         name += f"-pp{loc['pp_rank']}"
     if loc.get("dp_rank") is not None:
         name += f"-dp{loc['dp_rank']}"
-    return name
+    place = {
+        "tp_rank": loc.get("tp_rank", 0),
+        "tp_size": getattr(loc.get("server_args"), "tp_size", None),
+        "pp_rank": loc.get("pp_rank") or 0,
+        "dp_rank": loc.get("dp_rank"),
+    }
+    return name, place
 
 
 def hook_landed(target: str, hook: Any) -> bool:

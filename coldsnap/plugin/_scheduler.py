@@ -1,14 +1,17 @@
 """Hooks that run in each scheduler process (one per TP rank): memory, weights, graphs.
 
-Release (weights): check the registry against the live model and export the native payload
-if asked (a failure here refuses the release, nothing freed), SGLang's own release (KV pause
-+ flush, buffer stash, barrier, weights pause: our adapter returns the host pages), prepare
-NCCL, TP barrier, status. Resume, stage 1 (refusals leave the engine released and the call
-retryable): read the plan, open and verify the packs or check the checkpoint paths, restore
-NCCL. Stage 2: native (SGLang's resume, hydrate in place) or recovery (resume weights, reload
-each runner from its own pinned path through SGLang's update-from-disk, then the other tags
-in a second phase); check the registry, TP barrier, status. The barrier runs on every path so
-no rank is left waiting, and the HTTP-owning rank never answers before the group is done.
+Release (weights): check the registry against the live model and export this rank's shard of
+the native payload if asked (a failure here refuses the release, nothing freed), SGLang's own
+release (KV pause + flush, buffer stash, barrier, weights pause: our adapter returns the host
+pages), tear down NCCL, status, TP barrier. Resume, stage 1 (refusals leave the engine released
+and the call retryable): read the plan, open and verify this rank's packs or check the
+checkpoint paths; then the ranks agree (one rank's refusal is every rank's) and rebuild NCCL.
+Stage 2: native (SGLang's resume, hydrate in place) or recovery (resume weights, reload each
+runner from its own pinned path through SGLang's update-from-disk, then the other tags in a
+second phase); check the registry, status, TP barrier. The barriers are named barriers over
+torch.distributed's store with a timeout that names the ranks missing (coldsnap.plugin._ranks);
+every path passes one, so no rank is left waiting, and each rank writes its status before it
+arrives, so the HTTP-owning rank never answers before every rank's record is there.
 
 Contract variants (coldsnap.plugin._contracts) decide two things here: whether weights are
 committed in a separate `finalize_startup_weight_load` (variant `deferred-commit`, hooked) or
@@ -30,10 +33,12 @@ from typing import Any
 
 from coldsnap._errors import PluginError
 from coldsnap._wire import MEMORY_TAGS, PLAN_FILE, WEIGHTS, read_plan
+from coldsnap.distributed import BarrierError
 
 from . import _nccl, _payload
 from ._contracts import variant_in_use
 from ._memory import HOST_BACKEND, ColdsnapMemorySaverAdapter
+from ._ranks import RankSync, StoreUnavailable
 from ._records import SHAPE_PLAN_FILE, SHAPE_PLAN_FORMAT, SHAPE_PLAN_KIND, StatusFile
 from ._settings import Settings
 from ._storages import REGISTRY, RegistryError, StorageRegistry
@@ -106,13 +111,6 @@ def _tp_rank(group: Any = None) -> int:
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
         raise TopologyUnreadable(f"the TP rank of this process cannot be read: {where} is {rank!r}")
     return rank
-
-
-def _barrier(group: Any) -> None:
-    import torch.distributed as dist
-
-    if group is not None and dist.is_initialized():
-        dist.barrier(group=group)
 
 
 class SchedulerHooks:
@@ -206,8 +204,7 @@ class SchedulerHooks:
         except Exception as exc:
             # Nothing is released yet: the engine keeps serving and the call can be retried.
             logger.error("coldsnap: release refused: %s", traceback.format_exc())
-            _barrier(group)
-            self.status.update("release_failed", operation=op, outcome="failed", error=_err(exc))
+            self._report(group, op, "release_failed", outcome="failed", error=_err(exc))
             return _output("ReleaseMemoryOccupationReqOutput")
         result = original(mgr, recv_req, *args, **kwargs)
         outcome, error, nccl = "ok", None, None
@@ -215,10 +212,10 @@ class SchedulerHooks:
             nccl = _nccl.prepare(_tp_group()) if WEIGHTS in tags else None
         except Exception as exc:
             outcome, error = "failed", _err(exc)
-        _barrier(group)
-        self.status.update(
+        self._report(
+            group,
+            op,
             "released",
-            operation=op,
             outcome=outcome,
             error=error,
             released_tags=sorted(mgr.offload_tags),
@@ -257,10 +254,10 @@ class SchedulerHooks:
         if WEIGHTS not in tags or WEIGHTS not in mgr.offload_tags:
             # Nothing to refill: SGLang's own resume (which refuses unreleased tags).
             result = original(mgr, recv_req, *args, **kwargs)
-            _barrier(group)
-            self.status.update(
+            self._report(
+                group,
+                op,
                 "resumed",
-                operation=op,
                 outcome="ok",
                 error=None,
                 released_tags=sorted(mgr.offload_tags),
@@ -268,10 +265,10 @@ class SchedulerHooks:
             return result
         self.status.update("resuming", operation=op, outcome="running", error=None)
         if self.weights_invalid:
-            _barrier(group)
-            self.status.update(
+            self._report(
+                group,
+                op,
                 "resume_refused",
-                operation=op,
                 outcome="refused",
                 error="an earlier resume failed after the weights region was resumed; "
                 "this engine's weights are not valid and it must be replaced",
@@ -281,9 +278,12 @@ class SchedulerHooks:
             # Stage 1: everything that can refuse, before any memory changes (retryable).
             plan = read_plan(self._runtime_dir())
             staged = self._stage(plan, _tp_rank(group))
+            refusal = None
         except Exception as exc:
-            _barrier(group)
-            self.status.update("resume_refused", operation=op, outcome="refused", error=_err(exc))
+            refusal = _err(exc)
+        refusal = self._agree_staged(group, op, refusal, staged if refusal is None else None)
+        if refusal is not None:
+            self._report(group, op, "resume_refused", outcome="refused", error=refusal)
             return _resume_output()
         try:
             # Stage 2: resume the regions and refill the weights.
@@ -291,10 +291,10 @@ class SchedulerHooks:
         except Exception as exc:
             self.weights_invalid = True
             logger.error("coldsnap: resume failed: %s", traceback.format_exc())
-            _barrier(group)
-            self.status.update(
+            self._report(
+                group,
+                op,
                 "resume_failed",
-                operation=op,
                 outcome="failed",
                 error=_err(exc),
                 released_tags=sorted(mgr.offload_tags),
@@ -303,16 +303,70 @@ class SchedulerHooks:
         # Every restore of one n610 capsule starts from the same random state; reseed so that
         # replicas do not share a sampling stream.
         detail["reseeded"] = _reseed(plan.seed)
-        _barrier(group)
-        self.status.update(
+        self._report(
+            group,
+            op,
             "resumed",
-            operation=op,
             outcome="ok",
             error=None,
             released_tags=sorted(mgr.offload_tags),
             resume=detail,
         )
         return _resume_output()
+
+    def _agree_staged(
+        self, group: Any, op: str | None, refusal: str | None, staged: dict[str, Any] | None
+    ) -> str | None:
+        """Every rank says whether its stage 1 passed before any of them changes memory or
+        rebuilds its NCCL communicators (a collective): one rank's refusal is every rank's, so
+        none is left inside a collective the others never enter. Returns this rank's refusal,
+        or None once the communicators are back (into `staged`)."""
+        try:
+            refused = self._ranks(group).agree(op, "staged", ok=refusal is None)
+        except (BarrierError, StoreUnavailable) as exc:
+            return refusal or _err(exc)
+        if refusal is not None:
+            return refusal
+        if refused:
+            return f"rank(s) {', '.join(map(str, refused))} refused this resume at stage 1"
+        assert staged is not None
+        try:
+            staged["nccl"] = _nccl.restore(_tp_group())
+        except (_nccl.NcclBoundaryError, TopologyUnreadable) as exc:
+            return _err(exc)
+        return None
+
+    def _report(self, group: Any, op: str | None, event: str, **fields: Any) -> None:
+        """Writes this rank's status, then meets the other ranks at the operation's barrier.
+
+        The record comes first: rank 0 answers the HTTP process only after the barrier, so by
+        then every rank's record names the operation and the health gate reads them all. A
+        barrier that fails (a rank did not arrive in time, or the store is gone) turns the
+        outcome into a failure naming the missing ranks; every path passes the barrier, so no
+        rank is left waiting for one that took another branch."""
+        self.status.update(event, operation=op, **fields)
+        try:
+            # One barrier per operation whatever each rank's outcome: a rank that refused
+            # meets one that resumed, and neither waits for the other in vain.
+            phase = "release" if event.startswith("release") else "resume"
+            waited = self._ranks(group).sync(op, phase)
+        except (BarrierError, StoreUnavailable) as exc:
+            logger.error("coldsnap: rank barrier of %s failed: %s", event, exc)
+            self.status.update(
+                f"{event}_barrier_failed", operation=op, outcome="failed", error=_err(exc)
+            )
+            return
+        self.status.update(None, barrier_waited_s=round(waited, 3))
+
+    def _ranks(self, group: Any) -> RankSync:
+        """This rank's barriers with its TP group (SGLang's TP CPU group names rank and size).
+        A process without that group or without torch.distributed has no peer to meet."""
+        import torch.distributed as dist
+
+        timeout = self.settings.rank_timeout_s
+        if group is None or not dist.is_initialized():
+            return RankSync(0, 1, timeout)
+        return RankSync(dist.get_rank(group=group), dist.get_world_size(group=group), timeout)
 
     def _stage(self, plan: Any, rank: int) -> dict[str, Any]:
         """Checks the plan against this rank's registry; opens and verifies native packs."""
@@ -337,7 +391,6 @@ class SchedulerHooks:
                     raise RuntimeError(
                         f"checkpoint {path} for the {entry.role} model is not a directory"
                     )
-        staged["nccl"] = _nccl.restore(_tp_group())
         return staged
 
     def _resume_with(

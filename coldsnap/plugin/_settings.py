@@ -7,6 +7,7 @@ from here but from files under COLDSNAP_RUNTIME_DIR (see coldsnap._wire).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,6 +25,8 @@ STARTUP_PROVIDERS = ("checkpoint", "native", "recovery")
 RECOVERY_LOAD_FORMATS = ("auto", "safetensors", "pt")
 SHAPE_CALIBRATIONS = ("off", "record", "enforce")
 BOOL_VALUES = FLAG_VALUES
+# How long a TP rank waits for its peers at a release/resume barrier (coldsnap.plugin._ranks).
+DEFAULT_RANK_TIMEOUT_S = 300.0
 
 
 class SettingsError(PluginError, ValueError):
@@ -46,6 +49,8 @@ class Settings:
         kernel and refilled in place by hydration), auto (the first that applies), none. On
         CUDA only torch_memory_saver and auto are accepted (the memory adapter refuses the others
         when it is created: they free no device memory).
+    rank_timeout_s: how long a TP rank waits for the others at a release or resume barrier
+        before it fails naming those that did not arrive.
     """
 
     mode: str = "off"
@@ -59,6 +64,7 @@ class Settings:
     recovery_load_format: str = "auto"
     async_cuda_graphs: bool = False
     shape_calibration: str = "off"
+    rank_timeout_s: float = DEFAULT_RANK_TIMEOUT_S
 
     @property
     def active(self) -> bool:
@@ -82,6 +88,7 @@ _VARIABLES: dict[str, tuple[str, str, tuple[str, ...] | None]] = {
     ),
     "COLDSNAP_ASYNC_CUDA_GRAPHS": ("async_cuda_graphs", "bool", BOOL_VALUES),
     "COLDSNAP_SHAPE_CALIBRATION": ("shape_calibration", "choice", SHAPE_CALIBRATIONS),
+    "COLDSNAP_RANK_TIMEOUT_S": ("rank_timeout_s", "seconds", None),
 }
 VARIABLES = tuple(_VARIABLES)
 
@@ -104,6 +111,15 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
                 problems.append((name, f"{raw!r} is not one of: {', '.join(accepted)}"))
             else:
                 values[field] = value
+        elif kind == "seconds":
+            try:
+                seconds = float(value)
+            except ValueError:
+                seconds = float("nan")
+            if not (math.isfinite(seconds) and seconds > 0):
+                problems.append((name, f"{raw!r} is not a number of seconds (accepted: > 0)"))
+            else:
+                values[field] = seconds
         elif kind == "bool":
             try:
                 values[field] = parse_flag(raw)

@@ -483,7 +483,13 @@ class MemoryEngine(_Double):
         if proc["exports"] and proc["weights"] != "released":
             self.world.resources[key] = {"weights": proc["weights"]}
         proc.update(weights="released", kv="released")
-        return {s.EXPORT_DIR.name: key, s.RESIDUAL_DEVICE_BYTES.name: 0}
+        tp = getattr(ctx.request, "tp", None) or 1
+        return {
+            s.EXPORT_DIR.name: key,
+            s.RESIDUAL_DEVICE_BYTES.name: 0,
+            s.TP_SIZE.name: tp,
+            s.RANK_PIDS.name: {},
+        }
 
     def resume_memory(self, ctx: StepContext) -> None:
         """Undoes release: the weights come back from the checkpoint, and the export the release
@@ -509,6 +515,15 @@ class MemoryEngine(_Double):
 
     def resume_rest(self, ctx: StepContext) -> None:
         self._set(ctx, "resume_rest", kv="resident", graphs=True)
+
+    # The double is one process without rank reports (no `rank_reports` capability): the
+    # specs' rank steps are never selected for it; these answer for a single rank.
+    def check_ranks(self, ctx: StepContext) -> None:
+        self._call(ctx, "engine.check_ranks")
+
+    def tp_barrier(self, ctx: StepContext) -> dict[str, Any]:
+        self._call(ctx, "engine.tp_barrier")
+        return {s.TP_RANKS.name: {"scheduler-tp0": {"pid": None}}}
 
 
 # -- weight provider ------------------------------------------------------------------------------
@@ -578,6 +593,9 @@ class MemoryStore(_Double):
 
     def __init__(self, world: MemoryWorld, name: str = "store") -> None:
         super().__init__(world, name)
+
+    def discard_layout(self, ctx: StepContext) -> None:
+        self._call(ctx, "artifacts.discard_layout")
 
     def seal(self, ctx: StepContext) -> dict[str, Any]:
         self._call(ctx, "artifacts.seal")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import struct
 from pathlib import Path
 
@@ -194,3 +195,125 @@ def test_put_back_replaces_the_file_whole_with_its_mode_and_times(tmp_path: Path
     st = path.stat()
     assert (oct(st.st_mode & 0o777), st.st_mtime_ns) == ("0o640", 2_000_000_000)
     assert sorted(os.listdir(path.parent)) == [path.name]  # no temporary file left
+
+
+def test_stdio_paths_follow_the_root_s_file_table_to_regular_files_only(tmp_path: Path) -> None:
+    """ids-<root>.img (files_id) -> fdinfo-<id>.img (fd -> file id) -> files.img."""
+    from coldsnap.backends._stdio import read_stdio_paths
+
+    (tmp_path / "pstree.img").write_bytes(_image([_field(1, 1000) + _field(2, 0)]))
+    ids = _field(1, 3) + _field(2, 9) + _field(3, 4) + _field(4, 5)
+    (tmp_path / "ids-1000.img").write_bytes(_image([ids]))
+
+    def fd(number: int, file_id: int) -> bytes:
+        return _field(1, file_id) + _field(2, 0) + _field(3, 1) + _field(4, number)
+
+    (tmp_path / "fdinfo-9.img").write_bytes(_image([fd(0, 20), fd(1, 21), fd(2, 21), fd(7, 22)]))
+
+    def reg(file_id: int, name: str, mode: int) -> bytes:
+        entry = _field(1, file_id) + _field(2, 0) + _field(6, name.encode()) + _field(10, mode)
+        return _field(1, 1) + _field(2, file_id) + _field(3, entry)
+
+    files = [reg(20, "/dev/null", 0o20666), reg(21, "/w/cap/engine.log", 0o100644)]
+    files.append(reg(22, "/w/cap/other.txt", 0o100644))
+    (tmp_path / "files.img").write_bytes(_image(files))
+    assert read_stdio_paths(tmp_path) == ("/w/cap/engine.log",)
+
+    # stdout to /dev/null (a character device): nothing to re-point, stdin stays /dev/null
+    (tmp_path / "fdinfo-9.img").write_bytes(_image([fd(0, 20), fd(1, 20), fd(2, 20)]))
+    assert read_stdio_paths(tmp_path) == ()
+
+    (tmp_path / "fdinfo-9.img").unlink()
+    with pytest.raises(ImageFormatError, match="cannot read the root's descriptors"):
+        read_stdio_paths(tmp_path)
+
+
+def test_inherit_fd_arguments_name_a_file_as_criu_does() -> None:
+    from coldsnap.backends.criu import _inherit_args
+
+    assert _inherit_args(7, ["/w/cap/engine.log", "/tmp/x y"]) == [
+        "--inherit-fd",
+        "fd[7]:w/cap/engine.log",
+        "--inherit-fd",
+        "fd[7]:tmp/x y",
+    ]
+
+
+def test_first_error_reads_a_restored_task_s_own_lines() -> None:
+    """A task's lines carry its PID; the summary line after them says only 'FAILED'."""
+    log = (
+        "(00.032467) Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOFILE for self\n"
+        "(00.033714)  24974: Error (criu/files-reg.c:2353): Can't open file w/engine.log on "
+        "restore: No such file or directory\n"
+        "(00.033738) Error (criu/cr-restore.c:2331): Restoring FAILED.\n"
+    )
+    assert first_error(log) == (
+        "Error (criu/files-reg.c:2353): Can't open file w/engine.log on restore: "
+        "No such file or directory"
+    )
+
+
+def _stdio_image(tmp_path: Path, root: int, stdout: str, mode: int) -> Path:
+    """A minimal image whose root has `stdout` (a file of `mode`) as fd 1 and 2."""
+    images = tmp_path / "image"
+    images.mkdir()
+    (images / "inventory.img").write_bytes(_image([]))
+    (images / "pstree.img").write_bytes(_image([_field(1, root) + _field(2, 0)]))
+    ids = _field(1, 3) + _field(2, 9) + _field(3, 4) + _field(4, 5)
+    (images / f"ids-{root}.img").write_bytes(_image([ids]))
+    fds = [_field(1, 21) + _field(2, 0) + _field(3, 1) + _field(4, n) for n in (1, 2)]
+    (images / "fdinfo-9.img").write_bytes(_image(fds))
+    entry = _field(1, 21) + _field(2, 0) + _field(6, stdout.encode()) + _field(10, mode)
+    (images / "files.img").write_bytes(_image([_field(1, 1) + _field(2, 21) + _field(3, entry)]))
+    return images
+
+
+def _recording_criu(tmp_path: Path, pid: int) -> tuple[Path, Path]:
+    """A stand-in `criu` that records its arguments and what each --inherit-fd descriptor it
+    was handed points to, then reports `pid` as restored."""
+    record = tmp_path / "criu-calls"
+    path = tmp_path / "criu"
+    path.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = --version ]; then echo "Version: 4.2.1"; exit 0; fi\n'
+        f'echo "$@" >> {record}.args\n'
+        'for a in "$@"; do case "$a" in fd\\[*) n=${a#fd[}; n=${n%%]*};'
+        f" readlink /proc/self/fd/$n >> {record}.fds;; esac; done\n"
+        'while [ $# -gt 0 ]; do [ "$1" = --pidfile ] && echo ' + str(pid) + ' > "$2"; shift; done\n'
+    )
+    path.chmod(0o755)
+    return path, record
+
+
+def _free_pid() -> int:
+    return next(p for p in range(32000, 1000, -1) if not os.path.exists(f"/proc/{p}"))
+
+
+def test_restore_hands_criu_the_output_file_for_the_image_s_stdio(tmp_path: Path) -> None:
+    pid = _free_pid()
+    binary, record = _recording_criu(tmp_path, pid)
+    images = _stdio_image(tmp_path, pid, "/gone/capture/engine.log", 0o100644)
+    out = tmp_path / "restore" / "engine.log"
+    tree = Criu(binary).restore(images, work_dir=tmp_path / "op", output=out)
+    assert tree.pid == pid
+    args = (record.with_suffix(".args")).read_text().split()
+    fd = re.fullmatch(r"fd\[(\d+)\]:gone/capture/engine\.log", args[args.index("--inherit-fd") + 1])
+    assert fd, args
+    assert record.with_suffix(".fds").read_text().split() == [str(out)]
+    assert out.exists()
+    ours = [p for p in Path("/proc/self/fd").iterdir() if os.path.realpath(p) == str(out)]
+    assert not ours, "the output file stayed open here after CRIU ran"
+
+    (tmp_path / "op2").mkdir()
+    Criu(binary).restore(images, work_dir=tmp_path / "op2")  # without output: as dumped
+    assert "--inherit-fd" not in record.with_suffix(".args").read_text().splitlines()[-1]
+
+
+def test_restore_never_re_points_a_device_such_as_dev_null(tmp_path: Path) -> None:
+    pid = _free_pid()
+    binary, record = _recording_criu(tmp_path, pid)
+    images = _stdio_image(tmp_path, pid, "/dev/null", 0o20666)
+    out = tmp_path / "restore" / "engine.log"
+    Criu(binary).restore(images, work_dir=tmp_path / "op", output=out)
+    assert "--inherit-fd" not in record.with_suffix(".args").read_text()
+    assert not out.exists()

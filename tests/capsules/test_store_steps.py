@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from coldsnap.artifacts import IncompatibleArtifact, Store
+from coldsnap.artifacts import IncompatibleArtifact, Store, to_json
 from coldsnap.capsules import CaptureRecord, StoreArtifacts, _steps
 from coldsnap.machine import Fact
 from coldsnap.machine import steps as s
@@ -80,7 +80,9 @@ def model(tmp_path: Path) -> Path:
     return path
 
 
-def _capture_request(tmp_path: Path, model: Path, name: str = "cap") -> SimpleNamespace:
+def _capture_request(
+    tmp_path: Path, model: Path, name: str = "cap", engine_args: tuple[str, ...] = ()
+) -> SimpleNamespace:
     return SimpleNamespace(
         driver="n610",
         provider="native",
@@ -89,6 +91,7 @@ def _capture_request(tmp_path: Path, model: Path, name: str = "cap") -> SimpleNa
         tp=1,
         store=str(tmp_path / "store"),
         model=SimpleNamespace(id="org/toy", revision="r1", path=str(model)),
+        engine_args=engine_args,
     )
 
 
@@ -101,6 +104,7 @@ def _restore_request(tmp_path: Path, **changes: Any) -> SimpleNamespace:
         store=str(tmp_path / "store"),
         model=None,
         tp=None,
+        engine_args=(),
     )
     fields.update(changes)
     return SimpleNamespace(**fields)
@@ -114,7 +118,13 @@ def _tree(root: Path, files: dict[str, bytes]) -> Path:
 
 
 def _seal(
-    tmp_path: Path, model: Path, *, payload: bool, name: str = "cap", image: bytes = b"pages"
+    tmp_path: Path,
+    model: Path,
+    *,
+    payload: bool,
+    name: str = "cap",
+    image: bytes = b"pages",
+    engine_args: tuple[str, ...] = (),
 ) -> Ctx:
     op = tmp_path / f"op-{name}-{hashlib.sha256(image).hexdigest()[:16]}"
     facts: dict[str, Any] = {
@@ -130,7 +140,7 @@ def _seal(
     if payload:
         files = {"tp0/weights/index.json": b"{}", "tp0/weights/ab.pack": b"pack"}
         facts[s.PAYLOAD_DIR.name] = str(_tree(op / "payload", files))
-    ctx = Ctx(_capture_request(tmp_path, model, name), op, facts, s.SEAL)
+    ctx = Ctx(_capture_request(tmp_path, model, name, engine_args), op, facts, s.SEAL)
     made = StoreArtifacts(Engine()).seal(ctx)
     declared = {f.name for f in s.SEAL.makes}
     assert set(made) | {k for r in ctx.recorded for k in r} == declared
@@ -250,13 +260,13 @@ def test_seal_refuses_a_missing_image(tmp_path: Path, model: Path) -> None:
 
 
 def test_the_capture_record_round_trips(tmp_path: Path, model: Path) -> None:
-    from coldsnap.artifacts import from_json, to_json
+    from coldsnap.capsules import read_record
 
     record = CaptureRecord(
         driver="n580", provider="recovery", engine="toy", model_id="m", revision="r",
         facts={"template_id": "t"},
     )  # fmt: skip
-    assert from_json(to_json(record), CaptureRecord) == record
+    assert read_record(to_json(record)) == record
 
 
 @pytest.fixture
@@ -429,3 +439,94 @@ def test_admit_reports_the_seconds_it_spent_verifying_the_image(
     seconds = ctx.facts[s.VERIFY_IMAGE_SECONDS.name]
     assert isinstance(seconds, float) and 0.0 <= seconds < 60.0
     assert "VERIFY_IMAGE_SECONDS" in inspect.getsource(MemoryStore.admit)
+
+
+CAPTURED_ARGS = ("--dtype", "float16", "--mem-fraction-static", "0.5", "--log-level", "info")
+
+
+@pytest.mark.parametrize(
+    ("asked", "field", "captured", "found"),
+    [
+        (
+            ("--dtype", "bfloat16", "--mem-fraction-static", "0.5"),
+            "engine_args --dtype",
+            "--dtype float16",
+            "--dtype bfloat16",
+        ),
+        (
+            ("--dtype", "float16"),
+            "engine_args --mem-fraction-static",
+            "--mem-fraction-static 0.5",
+            "absent",
+        ),
+        (
+            (*CAPTURED_ARGS, "--context-length", "64"),
+            "engine_args --context-length",
+            "absent",
+            "--context-length 64",
+        ),
+    ],
+)
+def test_admit_refuses_engine_args_that_change_the_engine(
+    tmp_path: Path, model: Path, asked, field, captured, found
+) -> None:
+    _seal(tmp_path, model, payload=False, engine_args=CAPTURED_ARGS)
+    with pytest.raises(IncompatibleArtifact) as info:
+        _admit(tmp_path, engine_args=asked)
+    assert [(d.field, d.expected, d.found) for d in info.value.differences] == [
+        (field, captured, found)
+    ]
+    assert f"{field}: expected {captured}, found {found}" in str(info.value)
+    assert not (tmp_path / "res").exists()
+
+
+@pytest.mark.parametrize(
+    "asked",
+    [
+        CAPTURED_ARGS,
+        ("--mem-fraction-static=0.5", "--dtype", "float16"),  # order, '=' and logging
+        ("--log-level", "debug", "--dtype=float16", "--mem-fraction-static", "0.5"),
+        (*CAPTURED_ARGS, "--enable-metrics", "--log-requests"),
+    ],
+)
+def test_admit_takes_engine_args_that_differ_only_in_reporting(
+    tmp_path: Path, model: Path, asked
+) -> None:
+    _seal(tmp_path, model, payload=False, engine_args=CAPTURED_ARGS)
+    assert _admit(tmp_path, engine_args=asked).facts[s.IMAGE_DIR.name]
+
+
+def test_a_capture_record_binds_its_engine_args_and_refuses_format_1(
+    tmp_path: Path, model: Path
+) -> None:
+    import json
+
+    from coldsnap.artifacts import RecordError
+    from coldsnap.capsules import read_record
+
+    record = CaptureRecord(
+        driver="n610", provider="native", engine="toy", model_id="m", revision="r", facts={},
+        engine_args=("--dtype", "float16"),
+    )  # fmt: skip
+    data = json.loads(to_json(record))
+    assert read_record(json.dumps(data)) == record
+    old = {k: v for k, v in data.items() if k != "engine_args"} | {"format": 1}
+    with pytest.raises(RecordError, match="format: expected 2, found 1"):
+        read_record(json.dumps(old))
+    with pytest.raises(RecordError, match="engine_args: expected a list of strings"):
+        read_record(json.dumps(data | {"engine_args": "--dtype float16"}))
+
+
+def test_discard_layout_undoes_admit_and_keeps_the_store(tmp_path: Path, model: Path) -> None:
+    """The compensation admit needs (its spec step must name it): a rolled-back restore leaves
+    no laid-out image or payload in its workdir, and the capsule stays whole in the store."""
+    _seal(tmp_path, model, payload=True)
+    ctx = _admit(tmp_path)
+    assert (tmp_path / "res" / "image").is_dir() and (tmp_path / "res" / "payload").is_dir()
+    artifacts = StoreArtifacts(Engine())
+    artifacts.discard_layout(ctx)
+    artifacts.discard_layout(ctx)  # idempotent
+    assert sorted(p.name for p in (tmp_path / "res").iterdir()) == []
+    store = Store(tmp_path / "store")
+    store.verify()
+    assert _admit(tmp_path).facts[s.IMAGE_DIR.name]

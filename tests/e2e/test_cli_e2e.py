@@ -1,14 +1,19 @@
 """The command line as a user runs it, from a shell that has not been readied for SGLang:
 `coldsnap demo` once (a real cold start, capture and restore of a tiny SGLang server; it prints
-the times, their ratio and the capsule size, and leaves nothing behind), and `coldsnap plan`
-then `coldsnap capture` of a real SGLang server from one request file."""
+the times, their ratio and the capsule size, and leaves nothing behind), and README's "Capture
+your own server": `coldsnap capture -- python -m sglang.launch_server ... --port P` (its request
+file printed and planned), `restore --port` another port, answers equal to a cold start's, then
+`ls`, `status`, `stop`, `rm` and `gc`."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -23,7 +28,9 @@ pytestmark = [pytest.mark.criu, pytest.mark.sglang, pytest.mark.slow]
 MARKER = "COLDSNAP_E2E_TEST_MARKER"
 
 
-def _cli(*args: str, marker: str) -> subprocess.CompletedProcess[str]:
+def _cli(
+    *args: str, marker: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """`python -m coldsnap.cli ARGS` with the environment this test session started with.
 
     Every process it starts inherits the marker (CRIU restores the environment a process
@@ -33,7 +40,7 @@ def _cli(*args: str, marker: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=540,  # under pytest's own 600 s per test
-        env={**PRISTINE_ENV, MARKER: marker},
+        env={**PRISTINE_ENV, MARKER: marker, **(env or {})},
     )
 
 
@@ -72,31 +79,91 @@ def test_the_demo_prints_cold_start_restore_and_their_ratio(e2e_ready: None) -> 
     assert not _marked(marker), "the demo left processes running"
 
 
-def test_the_cli_captures_a_real_sglang_server(e2e_ready: None, tmp_path: Path) -> None:
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_capture_your_own_server_restore_it_on_your_port_then_stop_and_gc(
+    e2e_ready: None, tmp_path: Path
+) -> None:
+    """README's "Capture your own server": a plain launch command line with the user's --port,
+    restored on another port given at restore; ls, status, stop, rm and gc."""
+    from coldsnap.cli._demo import start_plain_server, wait_first_answer
     from coldsnap.tiny_models import build_model
 
+    from .conftest import answers
+
     info = build_model(tmp_path / "model", arch="llama", size="tiny", seed=0)
-    request = {
-        "kind": "coldsnap.capture-request",
-        "format": 1,
-        "driver": "n610",
-        "provider": "recovery",
-        "engine": "sglang",
-        "model": {"id": "tiny-llama", "revision": "r1", "path": str(info.path)},
-        "workdir": str(tmp_path / "capture"),
-        "store": str(tmp_path / "store"),
-        "name": "cli",
-    }
-    (tmp_path / "capture.json").write_text(json.dumps(request))
-    marker = uuid.uuid4().hex
+    cold = start_plain_server(info.path, tmp_path / "cold.log")
+    try:
+        wait_first_answer(cold)
+        expected = answers(cold.url)
+    finally:
+        cold.stop()
+
+    marker, store = uuid.uuid4().hex, str(tmp_path / "store")
+    serving = {"COLDSNAP_SERVING_DIR": str(tmp_path / "serving")}
+    user_port, port = _free_port(), _free_port()
+    launch = ["python", "-m", "sglang.launch_server", "--model-path", str(info.path),
+              "--port", str(user_port)]  # fmt: skip
+    printed = _cli("capture", "--print-request", "--name", "tiny", "--store", store, "--", *launch,
+                   marker=marker)  # fmt: skip
+    assert printed.returncode == 0, printed.stderr
+    request = json.loads(printed.stdout)
+    assert request["kind"] == "coldsnap.capture-request" and request["engine_args"] == []
+    assert f"restore with --port {user_port}" in printed.stderr
+    (tmp_path / "capture.json").write_text(printed.stdout)
     planned = _cli("plan", str(tmp_path / "capture.json"), marker=marker)
     assert planned.returncode == 0, planned.stderr[-2000:]
-    assert planned.stdout.startswith("capture-n610: driver n610, provider recovery")
-    assert not (tmp_path / "capture").exists(), "plan started the operation"
+    assert not Path(request["workdir"]).exists(), "plan started the operation"
+
     try:
-        done = _cli("capture", str(tmp_path / "capture.json"), marker=marker)
+        done = _cli("capture", "--name", "tiny", "--store", store, "--", *launch, marker=marker)
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
         assert json.loads(done.stdout.strip().splitlines()[-1])["outcome"] == "done"
         assert not _marked(marker), "the capture left its source running"
+
+        restored = _cli("restore", "tiny", "--store", store, "--port", str(port), marker=marker,
+                        env=serving)  # fmt: skip
+        assert restored.returncode == 0, restored.stdout[-4000:] + restored.stderr[-2000:]
+        result = json.loads(restored.stdout.strip().splitlines()[-1])
+        url = f"http://127.0.0.1:{port}"
+        assert result["url"] == url and result["name"] == "tiny"
+        assert f"serving tiny at {url} (pid {result['pid']})" in restored.stdout
+        assert answers(url) == expected, "the restored server answers unlike the cold start"
+        assert _port_free(user_port)
+
+        listed = _cli("ls", "--store", store, marker=marker)
+        assert listed.returncode == 0 and "tiny" in listed.stdout, listed.stderr
+        status = _cli("status", "--json", "tiny", marker=marker, env=serving)
+        assert status.returncode == 0, status.stderr
+        state = json.loads(status.stdout)
+        assert state["running"] and state["listening"] and state["url"] == url
+        assert state["pid"] == result["pid"] and state["state"] == "done"
+
+        stopped = _cli("stop", "tiny", marker=marker, env=serving)
+        assert stopped.returncode == 0, stopped.stderr
+        assert f"stopped tiny (pid {result['pid']}" in stopped.stdout
+        assert not _marked(marker), "stop left engine processes running"
+        assert _port_free(port)
+        after = _cli("status", "--json", result["workdir"], marker=marker, env=serving)
+        assert after.returncode == 0 and not json.loads(after.stdout)["running"], after.stderr
+        assert "nothing serving" in _cli("status", marker=marker, env=serving).stdout
+
+        assert _cli("rm", "tiny", "--store", store, marker=marker).returncode == 0
+        collected = _cli("gc", "--store", store, "--grace", "0", marker=marker)
+        assert collected.returncode == 0, collected.stderr
+        assert re.search(r"gc: removed [1-9][0-9]* objects", collected.stdout), collected.stdout
+        assert "no capsules" in _cli("ls", "--store", store, marker=marker).stdout
     finally:
+        for pid in _marked(marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid.split()[0]), signal.SIGKILL)
         shutil.rmtree(tmp_path / "store", ignore_errors=True)

@@ -1,147 +1,234 @@
 """Issue 16's fault campaign: SIGKILL the orchestrator at each step of a real CPU capture and
-restore (toy engine: a real process and real CRIU, so that each kill is cheap), then resume the
-operation in a new process. The end state is published-and-serving (a capture's capsule is
-published; a restore answers like a cold start) or rolled back with nothing left behind: no
-engine process (found by its command line, which names this module's model, and by the PIDs
-the journal recorded), no listening port, no file in the workdir other than the journal, the
-receipt, the lock and logs, no engine runtime dir of the operation, no tag.
+restore, then resume the operation in a new process. The end state is published-and-serving (a
+capture's capsule is published and its source retired; a restore answers like a cold start and
+stops clean) or rolled back with nothing left behind: no process, no listening port, no file in
+the workdir but the journal, receipt, lock and logs, no engine runtime dir or template control
+dir, no tag.
 
-The orchestrator is a small script run as a subprocess (`Machine.for_request` on a registry
-where the toy engine is registered); it is killed when its journal shows `step_start` of the
-step under test. A step the host's capability guards skip (CUDA steps on CPU) never starts: its
-case is skipped, saying so.
+Every step of n610 and n580 (native provider) on the toy engine (a real process, real CRIU: each
+kill is cheap), and one real SGLang capture and restore (n610, native; marked `sglang`).
+
+Orchestrators are forked from a warm zygote (coldsnap, torch and the components imported once),
+so a case costs the engine's work and not three interpreter starts. The zygote is a child
+subreaper that lets the kernel reap its children: what a killed orchestrator leaves running is
+adopted there, never by pytest (where a zombie would hold a PID a restore takes back), and is
+found as the zygote's descendants. A case is killed when its journal shows `step_start` of the
+step under test; a step the host's guards leave out of the operation (CUDA steps on CPU) is
+skipped without running, saying so.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import psutil
 import pytest
+from attrs import define
 
 from coldsnap.artifacts import Store
 from coldsnap.machine import JOURNAL_NAME, REGISTRY, read_journal
 from coldsnap.machine._convert import unstructure
-from coldsnap.testing.toy import NAME, register_toy
+from coldsnap.machine._journal import LOCK_NAME
+from coldsnap.machine._receipt import RECEIPT_NAME
 from coldsnap.testing.toy_engine import build_toy_model
 from tests.drivers._toy import answers, capture_request, cold_answers, criu_ready, restore_request
 
-# In the full suite of 2026-11-30 the n580-native SGLang capture that ran after this module hung
-# in wait_healthy for 600 s (it passes alone); until that interaction is understood the campaign
-# runs on request:
-#   COLDSNAP_FAULT_CAMPAIGN=1 .venv/bin/python -m pytest tests/e2e/test_fault_campaign.py
 pytestmark = [
-    pytest.mark.skipif(
-        os.environ.get("COLDSNAP_FAULT_CAMPAIGN") != "1",
-        reason="the fault campaign runs with COLDSNAP_FAULT_CAMPAIGN=1 (see the module's comment)",
-    ),
     pytest.mark.skipif(criu_ready() is not None, reason=str(criu_ready())),
     pytest.mark.criu,
     pytest.mark.slow,
 ]
 
 PROVIDER = "native"
-STEPS = {
-    (op, driver): [s.name for s in REGISTRY.spec(op, driver).steps]
+DRIVERS = ("n610", "n580")
+CASES = {
+    op: [(d, step.name) for d in DRIVERS for step in REGISTRY.spec(op, d).steps]
     for op in ("capture", "restore")
-    for driver in ("n610",)
 }
-# What a rolled-back or finished workdir may keep: the record of what happened.
-KEPT = {JOURNAL_NAME, "receipt.json", ".coldsnap.lock"}  # and logs (*.log)
-KILL_DEADLINE_S = 120.0
-# Leftovers found by this campaign and not fixed yet (in code outside its author's scope).
-KNOWN_CAPTURE = {
-    "runtime_dir": "coldsnap.engines.sglang never removes the engine's /run/coldsnap/engines "
-    "dir when a capture rolls back",
-    "engine process": "a kill between the engine's spawn and launch_engine's progress record "
-    "leaves a PID the journal never saw",
-}
-KNOWN_RESTORE = {
-    "workdir:image": "admit's laid-out image is not removed when a restore rolls back",
-    "workdir:payload": "admit's laid-out payload is not removed when a restore rolls back",
-    "workdir:criu-restore": "process_restore's CRIU work dir is not removed on rollback",
-    "runtime_dir": "the capsule's runtime dir under /run/coldsnap/engines (made by the capture, "
-    "which never removes it) stays when a restore of it rolls back",
-}
+KEPT = {JOURNAL_NAME, RECEIPT_NAME, LOCK_NAME}  # and logs (*.log): the record of what happened
+DEADLINE_S = 120.0
+SETTLE_S = 2.0  # a tree that was sent SIGKILL last may take a moment to be gone
+REPO = Path(__file__).resolve().parents[2]
+CONTROL_ROOT = Path("/run/coldsnap/templates")
 
-ORCHESTRATOR = """
-import json, sys
+ZYGOTE = r"""
+import json, os, signal, sys, traceback
 from pathlib import Path
+
 from coldsnap import Machine
+from coldsnap.backends import become_subreaper
 from coldsnap.machine import REGISTRY, read_journal
+from coldsnap.machine._convert import parse_request
+from coldsnap.machine._machine import _read_receipt
 from coldsnap.testing.toy import register_toy
 
-
 register_toy(REGISTRY)
-mode, arg = sys.argv[1], sys.argv[2]
-if mode in ("resume", "stop"):
-    request = read_journal(Path(arg) / "journal.jsonl")[0].request
-    machine = Machine.for_request(request)
-    if mode == "stop":
-        from coldsnap.machine._machine import _read_receipt
+if "--sglang" in sys.argv:  # SGLang imported and its contracts digested once, before any fork
+    from coldsnap.engines.sglang import build
 
-        machine.stop(_read_receipt(Path(arg)))
-        print(json.dumps({"stopped": arg}))
-        raise SystemExit(0)
-    receipt = machine.resume(arg)
-else:
-    request = json.loads(open(arg).read())
-    machine = Machine.for_request(request)
-    receipt = getattr(machine, mode)(request)
-print(json.dumps({"outcome": receipt.outcome, "error": receipt.error}))
+    build(None).build()
+
+
+def operate(mode, arg):
+    if mode in ("resume", "stop"):
+        machine = Machine.for_request(read_journal(Path(arg) / "journal.jsonl")[0].request)
+        if mode == "stop":
+            machine.stop(_read_receipt(Path(arg)))
+            return {"stopped": arg}
+        receipt = machine.resume(arg)
+    else:
+        request = parse_request(json.loads(Path(arg).read_text()))
+        machine = Machine.for_request(request)
+        if mode == "steps":
+            spec = REGISTRY.spec(request.operation, request.driver)
+            return {"steps": [s.name for s in spec.selected(request, machine.components)]}
+        receipt = getattr(machine, mode)(request)
+    return {"outcome": receipt.outcome, "error": receipt.error}
+
+
+become_subreaper()  # what a killed orchestrator leaves running is adopted here
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # and reaped by the kernel once it ends
+for line in sys.stdin:
+    mode, arg, out = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        fd = os.open(out + ".log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        try:
+            result = operate(mode, arg)
+        except BaseException:
+            result = {"crash": traceback.format_exc()}
+        Path(out + ".part").write_text(json.dumps(result))
+        os.replace(out + ".part", out)
+        os._exit(0)
+    sys.stdout.write(f"{pid}\n")
+    sys.stdout.flush()
 """
 
 
-@pytest.fixture(scope="module", autouse=True)
-def toy_registered():
-    register_toy(REGISTRY)
-    yield
-    REGISTRY.unregister("engine", NAME)
+@define
+class Orchestrator:
+    """One forked orchestrator: its PID and the file its result lands in."""
+
+    pid: int
+    out: Path
+
+    def running(self) -> bool:
+        try:
+            return psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def result(self, timeout: float = DEADLINE_S) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while not self.out.exists():
+            if not self.running() and not self.out.exists():
+                log = Path(f"{self.out}.log")
+                tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+                raise AssertionError(f"orchestrator {self.pid} died without a result:\n{tail}")
+            assert time.monotonic() < deadline, f"orchestrator {self.pid} ran past {timeout} s"
+            time.sleep(0.01)
+        result = json.loads(self.out.read_text())
+        assert "crash" not in result, result["crash"]
+        return result
+
+    def kill(self) -> None:
+        """SIGKILL, then waits until the PID is gone (the zygote's kernel reaping): a killed
+        leader shows as a zombie while its other threads still exit and hold its files (the
+        workdir's lock among them)."""
+        os.kill(self.pid, signal.SIGKILL)
+        while psutil.pid_exists(self.pid):
+            time.sleep(0.005)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def reaper():
-    """Reaps zombie children of this process that no Popen here waits for: when an earlier
-    test built a driver in this process it became a child subreaper, so the engines of a killed
-    orchestrator are reparented here, and a zombie would hold the PID a restore takes back."""
-    stop = threading.Event()
+class Zygote:
+    """A warm process that forks orchestrators on request (see the module's docstring)."""
 
-    def reap() -> None:
-        me = psutil.Process()
-        while not stop.wait(0.05):
-            for child in me.children():
-                with contextlib.suppress(psutil.Error, ChildProcessError):
-                    if child.pid not in _WAITED and child.status() == psutil.STATUS_ZOMBIE:
-                        os.waitpid(child.pid, os.WNOHANG)
+    def __init__(self, root: Path, *flags: str) -> None:
+        script = root / "zygote.py"
+        script.write_text(ZYGOTE)
+        self.root = root
+        self.count = 0
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), *flags],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=str(REPO),
+        )
 
-    thread = threading.Thread(target=reap, name="fault-campaign-reaper", daemon=True)
-    thread.start()
-    yield
-    stop.set()
-    thread.join(5)
+    def start(self, mode: str, arg: Path) -> Orchestrator:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.count += 1
+        out = self.root / f"result-{self.count}-{mode}.json"
+        self.proc.stdin.write(json.dumps([mode, str(arg), str(out)]) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, f"the zygote ended (exit {self.proc.poll()})"
+        return Orchestrator(int(line), out)
+
+    def run(self, mode: str, arg: Path) -> dict[str, Any]:
+        return self.start(mode, arg).result()
+
+    def request(self, mode: str, request: Any) -> Orchestrator:
+        workdir = Path(request.workdir)
+        path = workdir.parent / f"{workdir.name}.request.json"
+        path.write_text(json.dumps(unstructure(request)))
+        return self.start(mode, path)
+
+    def left_running(self) -> list[psutil.Process]:
+        """Live descendants: orchestrators' engines, templates, restored trees."""
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        alive = []
+        for proc in children:
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(proc)
+            except psutil.NoSuchProcess:
+                continue
+        return alive
+
+    def sweep(self) -> None:
+        """Kills whatever is left, so that one case's leftovers never reach the next."""
+        for proc in self.left_running():
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                continue
+        psutil.wait_procs(self.left_running(), timeout=10)
+
+    def close(self) -> None:
+        self.sweep()
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(30)
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory) -> Path:
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("faults", numbered=True)
 
 
 @pytest.fixture(scope="module")
-def script(root: Path) -> Path:
-    path = root / "orchestrator.py"
-    path.write_text(ORCHESTRATOR)
-    return path
+def zygote(root: Path) -> Iterator[Zygote]:
+    warm = Zygote(root)
+    yield warm
+    warm.close()
 
 
 @pytest.fixture(scope="module")
@@ -154,85 +241,74 @@ def cold(model: Path) -> list[list[int]]:
     return cold_answers(model, 18731)
 
 
-_WAITED: set[int] = set()  # orchestrators this module waits for itself
+_SELECTED: dict[tuple[str, str], list[str]] = {}
 
 
-def _orchestrate(script: Path, mode: str, arg: Path) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        [sys.executable, str(script), mode, str(arg)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=str(Path(__file__).resolve().parents[2]),
-    )
-    _WAITED.add(proc.pid)
-    return proc
+def _selected(zygote: Zygote, request: Any) -> list[str]:
+    """The steps the operation runs here (guards evaluated on the real components)."""
+    key = (request.operation, request.driver)
+    if key not in _SELECTED:
+        _SELECTED[key] = zygote.run("steps", _request_file(request))["steps"]
+    return _SELECTED[key]
 
 
-def _finish(proc: subprocess.Popen[str]) -> dict[str, Any]:
-    out, err = proc.communicate(timeout=KILL_DEADLINE_S)
-    assert proc.returncode == 0, f"orchestrator exited {proc.returncode}:\n{err[-3000:]}"
-    return json.loads(out.strip().splitlines()[-1])
+def _request_file(request: Any) -> Path:
+    workdir = Path(request.workdir)
+    path = workdir.parent / f"{workdir.name}.request.json"
+    path.write_text(json.dumps(unstructure(request)))
+    return path
 
 
 def _started(workdir: Path, step: str) -> bool:
     try:
-        text = (workdir / JOURNAL_NAME).read_text(errors="replace")
+        lines = (workdir / JOURNAL_NAME).read_text(errors="replace").splitlines()
     except FileNotFoundError:
         return False
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("event") == "step_start" and record.get("step") == step:
-            return True
-    return False
+    return any(
+        record.get("event") == "step_start" and record.get("step") == step
+        for record in map(_record, lines)
+    )
 
 
-def _run_killed_at(script: Path, request: Any, step: str) -> bool:
-    """Runs `request` in an orchestrator and SIGKILLs it at `step_start` of `step`; False when
-    the operation ended without starting that step (a guard skipped it)."""
+def _record(line: str) -> dict[str, Any]:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _kill_at(zygote: Zygote, request: Any, step: str) -> set[str]:
+    """Runs `request` in an orchestrator and SIGKILLs it at `step_start` of `step`. Returns the
+    runtime dirs its processes carried then (an n580 template's own is journaled nowhere)."""
     workdir = Path(request.workdir)
-    req_file = workdir.parent / f"{workdir.name}.request.json"
-    req_file.write_text(json.dumps(unstructure(request)))
-    proc = _orchestrate(script, request.operation, req_file)
-    deadline = time.monotonic() + KILL_DEADLINE_S
-    while proc.poll() is None:
-        if _started(workdir, step):
-            proc.send_signal(signal.SIGKILL)
-            proc.communicate(timeout=30)
-            return True
-        assert time.monotonic() < deadline, f"{step} never started"
+    orchestrator = zygote.start(request.operation, _request_file(request))
+    deadline = time.monotonic() + DEADLINE_S
+    while not _started(workdir, step):
+        assert orchestrator.running(), f"{step} never started: {orchestrator.result()}"
+        assert time.monotonic() < deadline, f"{step} never started within {DEADLINE_S} s"
         time.sleep(0.005)
-    out, err = proc.communicate(timeout=30)
-    ended = json.loads(out.strip().splitlines()[-1]) if out.strip() else {"stderr": err[-2000:]}
-    assert ended.get("outcome") == "done", f"{step} never started and the run failed: {ended}"
-    return False
+    orchestrator.kill()
+    return _runtime_dirs(zygote)
 
 
-def _journal_facts(workdir: Path) -> dict[str, Any]:
+def _runtime_dirs(zygote: Zygote) -> set[str]:
+    found = set()
+    for proc in zygote.left_running():
+        try:
+            value = proc.environ().get("COLDSNAP_RUNTIME_DIR")
+        except psutil.Error:
+            continue
+        if value:
+            found.add(value)
+    return found
+
+
+def _facts(workdir: Path) -> dict[str, Any]:
     facts: dict[str, Any] = {}
     for record in read_journal(workdir / JOURNAL_NAME):
         facts.update(record.facts or {})
     return facts
-
-
-def _engines(model: Path) -> list[psutil.Process]:
-    """Live toy engines started on this module's model (restored ones keep their command line)."""
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        try:
-            cmd = " ".join(proc.info["cmdline"] or ())
-            if (
-                proc.info["status"] != psutil.STATUS_ZOMBIE
-                and "coldsnap.testing.toy_engine" in cmd
-                and str(model) in cmd
-            ):
-                found.append(proc)
-        except psutil.NoSuchProcess:
-            continue
-    return found
 
 
 def _listening(url: str | None) -> bool:
@@ -244,109 +320,231 @@ def _listening(url: str | None) -> bool:
         return sock.connect_ex((parsed.hostname or "127.0.0.1", parsed.port or 80)) == 0
 
 
-def _leftovers(workdir: Path, facts: dict[str, Any], model: Path) -> dict[str, str]:
-    """What a rolled-back operation left behind, by kind."""
+def _describe(proc: psutil.Process) -> str:
+    try:
+        with proc.oneshot():
+            cmd = " ".join(proc.cmdline())[:160]
+            return f"{proc.pid} ({proc.status()}, parent {proc.ppid()}) {cmd}"
+    except psutil.Error as exc:
+        return f"{proc.pid} ({type(exc).__name__})"
+
+
+def _host_dirs(facts: dict[str, Any], seen: set[str]) -> set[str]:
+    """Every engine runtime dir and template control dir the operation may have made."""
+    capsule = facts.get("capsule") or {}
+    dirs = {facts.get("runtime_dir"), facts.get("control_dir"), capsule.get("runtime_dir"), *seen}
+    if capsule.get("template_id"):
+        dirs.add(str(CONTROL_ROOT / capsule["template_id"]))
+    return {d for d in dirs if d}
+
+
+def _leftovers(
+    zygote: Zygote, workdir: Path, facts: dict[str, Any], seen: set[str], *, files: bool
+) -> dict[str, str]:
+    """What an operation left behind, by kind."""
     found: dict[str, str] = {}
-    live = _engines(model)
+    live = psutil.wait_procs(zygote.left_running(), timeout=SETTLE_S)[1]
     if live:
-        found["engine process"] = f"engine processes left behind: {[p.pid for p in live]}"
-    for key in ("engine_pid", "template_pid"):
-        pid = facts.get(key)
-        if pid and psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie":
-            found[key] = f"{key} {pid} still runs"
-    if _listening(facts.get("engine_url")):
-        found["port"] = f"{facts.get('engine_url')} still listens"
-    for p in sorted(workdir.iterdir()):
-        if p.name not in KEPT and not p.name.endswith(".log"):
-            found[f"workdir:{p.name}"] = f"{p} left in the workdir"
-    where = facts.get("runtime_dir")
-    if where and Path(where).exists():
-        found["runtime_dir"] = f"runtime dir {where} left behind"
+        found["process"] = "processes left running: " + "; ".join(map(_describe, live))
+    for url in {facts.get("engine_url"), (facts.get("capsule") or {}).get("engine_url")}:
+        if _listening(url):
+            found["port"] = f"{url} still listens"
+    if files:
+        for p in sorted(workdir.iterdir()):
+            if p.name not in KEPT and not p.name.endswith(".log"):
+                found[f"workdir:{p.name}"] = f"{p} left in the workdir"
+    for where in sorted(_host_dirs(facts, seen)):
+        if Path(where).exists():
+            found[f"host dir {where}"] = f"{where} left behind"
     return found
 
 
-def _check_rolled_back(
-    workdir: Path, facts: dict[str, Any], model: Path, known: dict[str, str]
+def _check_clean(
+    zygote: Zygote, workdir: Path, facts: dict[str, Any], seen: set[str], *, files: bool
 ) -> None:
-    """Fails on any leftover; a case whose only leftovers are known ones (issue 16, in code
-    this campaign's author does not own) is reported as xfail naming them."""
-    found = _leftovers(workdir, facts, model)
-    unknown = {k: v for k, v in found.items() if k not in known}
-    assert not unknown, "; ".join(unknown.values())
-    if found:
-        for proc in _engines(model):  # never leave one to the next case
-            os.kill(proc.pid, signal.SIGKILL)
-        pytest.xfail("known leftovers: " + "; ".join(f"{v} ({known[k]})" for k, v in found.items()))
-
-
-def _stop_serving(script: Path, workdir: Path) -> None:
-    """Stops a served restore from another process (so this one never becomes a subreaper)."""
-    _finish(_orchestrate(script, "stop", workdir))
+    """Fails on any leftover."""
+    found = _leftovers(zygote, workdir, facts, seen, files=files)
+    zygote.sweep()  # never leave anything to the next case
+    assert not found, "; ".join(found.values())
 
 
 @pytest.fixture(scope="module")
-def capsule(root: Path, model: Path, script: Path) -> str:
-    """The capsule every restore case restores (captured once, uninterrupted)."""
-    request = capture_request(root, model, "n610", PROVIDER, "base")
-    req_file = root / "base.request.json"
-    req_file.write_text(json.dumps(unstructure(request)))
-    result = _finish(_orchestrate(script, "capture", req_file))
-    assert result["outcome"] == "done", result
-    return "base"
+def capsules(root: Path, model: Path, zygote: Zygote) -> dict[str, str]:
+    """The capsule each driver's restore cases restore (captured once, uninterrupted)."""
+    names = {}
+    for driver in DRIVERS:
+        request = capture_request(root, model, driver, PROVIDER, f"base-{driver}")
+        result = zygote.request("capture", request).result()
+        assert result["outcome"] == "done", result
+        _check_clean(zygote, Path(request.workdir), _facts(Path(request.workdir)), set(),
+                     files=False)  # fmt: skip
+        names[driver] = request.name
+    return names
 
 
-@pytest.mark.parametrize("step", STEPS[("capture", "n610")])
+@pytest.mark.parametrize(("driver", "step"), CASES["capture"])
 def test_capture_killed_at_each_step_resumes_to_published_or_nothing(
-    root: Path, model: Path, script: Path, step: str
+    root: Path, model: Path, zygote: Zygote, driver: str, step: str
 ) -> None:
-    name = f"cap-{step}"
-    request = capture_request(root, model, "n610", PROVIDER, name)
+    name = f"cap-{driver}-{step}"
+    request = capture_request(root, model, driver, PROVIDER, name)
+    if step not in _selected(zygote, request):
+        pytest.skip(f"{step} does not run on this host (its guard leaves it out)")
     workdir = Path(request.workdir)
-    if not _run_killed_at(script, request, step):
-        _cleanup_unkilled(script, workdir, model)
-        pytest.skip(f"{step} does not run on this host (its capability guard skips it)")
-    result = _finish(_orchestrate(script, "resume", workdir))
-    facts = _journal_facts(workdir)
+    seen = _kill_at(zygote, request, step)
+    result = zygote.run("resume", workdir)
+    facts = _facts(workdir)
     store = Store(root / "store")
     if result["outcome"] == "done":
-        assert store.tags().get(name) == facts["capsule_digest"], "ok but not published"
+        assert store.tags().get(name) == facts["capsule_digest"], "done but not published"
         store.verify()
-        assert not _engines(model), "the source was not retired"
     else:
         assert result["outcome"] == "rolled_back", result
         assert name not in store.tags(), f"rolled back, but tag {name} is published"
-        _check_rolled_back(workdir, facts, model, KNOWN_CAPTURE)
+    _check_clean(zygote, workdir, facts, seen, files=result["outcome"] != "done")
 
 
-@pytest.mark.parametrize("step", STEPS[("restore", "n610")])
+@pytest.mark.parametrize(("driver", "step"), CASES["restore"])
 def test_restore_killed_at_each_step_resumes_to_serving_or_nothing(
-    root: Path, model: Path, script: Path, capsule: str, cold: list[list[int]], step: str
+    root: Path,
+    model: Path,
+    zygote: Zygote,
+    capsules: dict[str, str],
+    cold: list[list[int]],
+    driver: str,
+    step: str,
 ) -> None:
+    request = restore_request(
+        root, model, driver, PROVIDER, capsules[driver], f"res-{driver}-{step}"
+    )
+    if step not in _selected(zygote, request):
+        pytest.skip(f"{step} does not run on this host (its guard leaves it out)")
     tags_before = Store(root / "store").tags()
-    request = restore_request(root, model, "n610", PROVIDER, capsule, f"res-{step}")
     workdir = Path(request.workdir)
-    if not _run_killed_at(script, request, step):
-        _cleanup_unkilled(script, workdir, model)
-        pytest.skip(f"{step} does not run on this host (its capability guard skips it)")
-    result = _finish(_orchestrate(script, "resume", workdir))
-    facts = _journal_facts(workdir)
+    seen = _kill_at(zygote, request, step)
+    result = zygote.run("resume", workdir)
+    facts = _facts(workdir)
     assert Store(root / "store").tags() == tags_before
     if result["outcome"] == "done":
         try:
             assert answers(facts["engine_url"]) == cold
         finally:
-            _stop_serving(script, workdir)
-        assert not _engines(model)
+            zygote.run("stop", workdir)
     else:
         assert result["outcome"] == "rolled_back", result
-        _check_rolled_back(workdir, facts, model, KNOWN_RESTORE)
+    _check_clean(zygote, workdir, facts, seen, files=result["outcome"] != "done")
 
 
-def _cleanup_unkilled(script: Path, workdir: Path, model: Path) -> None:
-    """An operation that ran to its end (its step never started) may serve: stop it."""
-    if (workdir / "receipt.json").exists():
-        receipt = json.loads((workdir / "receipt.json").read_text())
-        if receipt.get("outcome") == "done" and receipt.get("facts", {}).get("engine_pid"):
-            _stop_serving(script, workdir)
-    for proc in _engines(model):  # never leave one to the next case
-        os.kill(proc.pid, signal.SIGKILL)
+# -- real SGLang (n610, native): one capture and two restores, each killed once -------------------
+
+
+@pytest.fixture(scope="module")
+def sglang_zygote(e2e_ready: None, root: Path) -> Iterator[Zygote]:
+    base = root / "sglang"
+    base.mkdir()
+    warm = Zygote(base, "--sglang")
+    yield warm
+    warm.close()
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize(
+    ("operation", "step", "outcome"),
+    [
+        ("capture", "retire_source", "done"),  # retried: published, the source retired
+        ("restore", "resume_weights", "rolled_back"),  # the restored engine stopped, no trace
+        ("restore", "acceptance", "done"),  # retried: serves, answers as captured, stops clean
+    ],
+)
+def test_real_sglang_killed_and_resumed_ends_clean(
+    root: Path, sglang_zygote: Zygote, operation: str, step: str, outcome: str
+) -> None:
+    from coldsnap.tiny_models import build_model
+
+    from .conftest import answers as sglang_answers
+    from .conftest import capture_request as sglang_capture
+    from .conftest import model_ref
+    from .conftest import restore_request as sglang_restore
+
+    base = root / "sglang"
+    model = model_ref(build_model(base / "tiny-llama", arch="llama", size="tiny", seed=0).path)
+    if operation == "capture":
+        request = sglang_capture(base, model, "n610", PROVIDER, "real")
+    else:
+        if "real" not in Store(base / "store").tags():
+            pytest.skip("the real capture case did not publish its capsule")
+        request = sglang_restore(base, model, "n610", PROVIDER, "real", f"res-{step}")
+    workdir = Path(request.workdir)
+    seen = _kill_at(sglang_zygote, request, step)
+    result = sglang_zygote.run("resume", workdir)
+    assert result["outcome"] == outcome, result
+    facts = _facts(workdir)
+    if operation == "capture":
+        store = Store(base / "store")
+        assert store.tags().get("real") == facts["capsule_digest"]
+        store.verify()
+    elif outcome == "done":
+        try:  # acceptance passed: the greedy answer equals the capture's; the rest answers too
+            assert all(sglang_answers(facts["engine_url"]))
+        finally:
+            sglang_zygote.run("stop", workdir)
+    _check_clean(sglang_zygote, workdir, facts, seen, files=outcome != "done")
+
+
+# -- the kill between a spawn and its journal record, made deterministic ---------------------------
+
+
+def test_an_engine_whose_pid_was_never_journaled_is_found_by_its_runtime_dir(
+    tmp_path: Path,
+) -> None:
+    """What stop_engine does when the orchestrator died between the spawn and the PID's record:
+    the runtime dir (journaled before the spawn) finds the tree's root; the dir is removed."""
+    import uuid
+
+    from coldsnap.drivers._processes import (
+        HOST_ROOT,
+        RUNTIME_ENV,
+        discard_host_dirs,
+        env_is,
+        find_roots,
+    )
+
+    runtime_dir = HOST_ROOT / "engines" / f"test-{uuid.uuid4().hex}"
+    runtime_dir.mkdir(parents=True)
+    env = {**os.environ, RUNTIME_ENV: str(runtime_dir)}
+    script = "import subprocess, time; subprocess.Popen(['sleep', '60']); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env)
+    try:
+        deadline = time.monotonic() + 10
+        while len(psutil.Process(proc.pid).children()) < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert find_roots(env_is(RUNTIME_ENV, str(runtime_dir))) == [proc.pid]
+        assert find_roots(env_is(RUNTIME_ENV, str(runtime_dir) + "x")) == []
+    finally:
+        proc.kill()
+        proc.wait(10)
+        discard_host_dirs(str(runtime_dir), "/etc", str(tmp_path))
+    assert not runtime_dir.exists()
+    assert Path("/etc").is_dir() and tmp_path.is_dir()  # only dirs below HOST_ROOT go
+
+
+def test_a_restored_root_is_found_by_criu_pidfile_only_while_it_is_the_capsules(
+    tmp_path: Path,
+) -> None:
+    from coldsnap.drivers._processes import RESTORE_WORK, RUNTIME_ENV, env_is, restored_root
+
+    (tmp_path / RESTORE_WORK).mkdir()
+    env = {**os.environ, RUNTIME_ENV: "/run/coldsnap/engines/capsule"}
+    proc = subprocess.Popen(["sleep", "60"], env=env)
+    try:
+        (tmp_path / RESTORE_WORK / "restored.pid").write_text(f"{proc.pid}\n")
+        assert restored_root(tmp_path, env_is(RUNTIME_ENV, "/run/coldsnap/engines/capsule")) == (
+            proc.pid
+        )
+        # The PID now names another process: never taken for the restored tree.
+        assert restored_root(tmp_path, env_is(RUNTIME_ENV, "/run/coldsnap/engines/other")) is None
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert restored_root(tmp_path, env_is(RUNTIME_ENV, "/run/coldsnap/engines/capsule")) is None

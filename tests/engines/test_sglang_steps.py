@@ -87,6 +87,9 @@ class MockSGLang:
                 "format": STATUS_FORMAT,
                 "kind": STATUS_KIND,
                 "process": f"scheduler-tp{rank}",
+                "pid": os.getpid(),
+                "registered": {"target": {}},
+                "events": [{"event": "released", "time": time.time()}],
                 "outcome": self.outcome,
                 "error": None if self.outcome == "ok" else "RuntimeError: export failed",
             }
@@ -119,7 +122,7 @@ def ctx(tmp_path: Path, **facts: Any) -> Any:
     }
     return SimpleNamespace(
         facts={**base, **facts},
-        request=SimpleNamespace(model=SimpleNamespace(path="/models/m")),
+        request=SimpleNamespace(model=SimpleNamespace(path="/models/m"), provider="recovery"),
         check=lambda: None,
     )
 
@@ -147,10 +150,12 @@ def test_each_step_returns_only_what_its_step_makes(tmp_path: Path, graphs: bool
     mock = MockSGLang(runtime_dir=tmp_path, report=measured())
     engine = adapter(mock, graphs=graphs)
     source = {"provider": "recovery", "checkpoint": "/models/m"}
-    c = ctx(
-        tmp_path,
-        **{s.CAPSULE.name: {s.ACCEPTANCE_TOKENS.name: TOKENS}, s.WEIGHT_SOURCE.name: source},
-    )
+    capsule = {
+        s.ACCEPTANCE_TOKENS.name: TOKENS,
+        s.TP_SIZE.name: 1,
+        s.RANK_PIDS.name: {"scheduler-tp0": os.getpid()},
+    }
+    c = ctx(tmp_path, **{s.CAPSULE.name: capsule, s.WEIGHT_SOURCE.name: source})
     for method, step in ENGINE_STEPS.items():
         made = getattr(engine, method)(c) or {}
         assert set(made) <= {f.name for f in step.makes}, method
@@ -162,7 +167,12 @@ def test_each_step_returns_only_what_its_step_makes(tmp_path: Path, graphs: bool
 def test_release_names_the_tags_and_the_export_dir(tmp_path: Path) -> None:
     mock = MockSGLang()
     made = adapter(mock).release_memory(ctx(tmp_path))
-    assert made == {s.EXPORT_DIR.name: str(tmp_path / "payload"), s.RESIDUAL_DEVICE_BYTES.name: 0}
+    assert made == {
+        s.EXPORT_DIR.name: str(tmp_path / "payload"),
+        s.RESIDUAL_DEVICE_BYTES.name: 0,
+        s.TP_SIZE.name: 1,
+        s.RANK_PIDS.name: {},
+    }
     assert mock.tags("/release_memory_occupation") == [["kv_cache", "weights"]]
 
 
@@ -255,7 +265,8 @@ def test_build_on_cuda_runs_the_memory_saver_and_claims_graphs_only_with_the_sav
     assert engine.cuda is True
     assert "--enable-memory-saver" in engine.launcher.base_args
     assert engine.graphs is (saver == "1")
-    assert engine.capabilities == (frozenset({"cuda_graphs"}) if saver else frozenset())
+    ranks = frozenset({"rank_reports"})
+    assert engine.capabilities == (frozenset({"cuda_graphs"}) | ranks if saver else ranks)
     prefill_off = "--cuda-graph-backend-prefill" in engine.launcher.base_args
     assert prefill_off is (saver == "1")
 
@@ -336,3 +347,16 @@ def test_register_adds_engine_sglang() -> None:
     registry = Registry(entry_points=False)
     register(registry)
     assert registry.names("engine") == ("sglang",)
+
+
+def test_a_cuda_hosts_template_imports_no_sglang_module() -> None:
+    """On CUDA an n580 template gets only the context-free preload (SGLang's own imports create
+    a device context there), for the template and its forkserver alike."""
+    from coldsnap.engines.sglang import CUDA_TEMPLATE_PRELOAD, SGLangLauncher
+
+    assert not [m for m in CUDA_TEMPLATE_PRELOAD if m.split(".")[0] == "sglang"]
+    launcher = SGLangLauncher(context_free_preload=CUDA_TEMPLATE_PRELOAD)
+    assert launcher.template_preload == CUDA_TEMPLATE_PRELOAD
+    assert launcher.forkserver_preload == CUDA_TEMPLATE_PRELOAD
+    default = SGLangLauncher()
+    assert "sglang.launch_server" in default.template_preload

@@ -262,3 +262,52 @@ def test_a_malformed_request_is_refused_naming_a_field(tmp_path_factory, field, 
     assert type(got) is type(value) or (isinstance(got, tuple) and isinstance(value, list)), (
         f"{field}: {value!r} was coerced to {got!r}"
     )
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    field=st.sampled_from(
+        [
+            "driver",
+            "provider",
+            "artifact",
+            "model",
+            "workdir",
+            "store",
+            "engine",
+            "engine_args",
+            "tp",
+            "port",
+            "timeouts",
+            "format",
+            "kind",
+            "extra",
+        ]
+    ),
+    value=_JSON,
+)
+def test_a_malformed_restore_request_is_refused_naming_a_field(
+    tmp_path_factory, field, value
+) -> None:
+    tmp = tmp_path_factory.mktemp("req")
+    (tmp / "model").mkdir()
+    data = {
+        "kind": "coldsnap.restore-request", "driver": "n610", "provider": "native",
+        "artifact": "tiny", "model": {"id": "tiny", "revision": "r1", "path": str(tmp / "model")},
+        "workdir": str(tmp / "res"), "store": str(tmp / "store"), field: value,
+    }  # fmt: skip
+    try:
+        request = parse_request(data)
+    except RequestError as exc:
+        assert exc.fields and all(f for f in exc.fields)
+        named = field if field != "extra" else "extra"
+        assert any(f == named or f.startswith(named + ".") for f in exc.fields), str(exc)
+        return
+    got = getattr(request, field, None)
+    assert (
+        value is None
+        or type(got) is type(value)
+        or (isinstance(got, tuple) and isinstance(value, list))
+    ), f"{field}: {value!r} was coerced to {got!r}"

@@ -21,10 +21,17 @@ def gate(tmp_path: Path) -> HealthGate:
 
 
 def rank_status(
-    tmp_path: Path, op: str, outcome: str, event: str, error: str | None = None
+    tmp_path: Path, op: str, outcome: str, event: str, error: str | None = None, rank: int = 0
 ) -> None:
-    st = StatusFile(tmp_path, "scheduler-tp0", {})
+    st = StatusFile(tmp_path, f"scheduler-tp{rank}", {})
     st.update(event, operation=op, outcome=outcome, error=error)
+
+
+def engine(status: Any, tp: int = 1) -> Any:
+    """A fake tokenizer manager of a `tp`-rank engine."""
+    return SimpleNamespace(
+        server_status=status, server_args=SimpleNamespace(tp_size=tp, pp_size=1, dp_size=1)
+    )
 
 
 def run(coro: Any) -> Any:
@@ -35,7 +42,7 @@ def test_gate_holds_starting_until_a_successful_resume(tmp_path: Path) -> None:
     from sglang.srt.managers.tokenizer_manager import ServerStatus
 
     g = gate(tmp_path)
-    tm = SimpleNamespace(server_status=ServerStatus.Up)
+    tm = engine(ServerStatus.Up)
     req = SimpleNamespace(tags=None, rid=None)
 
     async def release(tm: Any, obj: Any) -> None:
@@ -73,7 +80,7 @@ def test_a_refused_release_reopens_the_gate(tmp_path: Path) -> None:
     from sglang.srt.managers.tokenizer_manager import ServerStatus
 
     g = gate(tmp_path)
-    tm = SimpleNamespace(server_status=ServerStatus.Up)
+    tm = engine(ServerStatus.Up)
 
     async def release(tm: Any, obj: Any) -> None:
         rank_status(tmp_path, obj.rid, "failed", "release_failed", "export: disk full")
@@ -84,8 +91,48 @@ def test_a_refused_release_reopens_the_gate(tmp_path: Path) -> None:
 
 
 def test_a_rank_that_never_answered_is_a_failure(tmp_path: Path) -> None:
-    failed = gate(tmp_path).rank_failures("op-nobody")
+    failed = gate(tmp_path).rank_failures("op-nobody", ["scheduler-tp0"])
     assert [f["outcome"] for f in failed] == ["missing"]
+
+
+def test_the_gate_opens_only_when_every_rank_resumed(tmp_path: Path) -> None:
+    """TP2: rank 0 alone reporting its resume keeps the gate closed and names rank 1."""
+    from sglang.srt.managers.tokenizer_manager import ServerStatus
+
+    g = gate(tmp_path)
+    tm = engine(ServerStatus.Up, tp=2)
+
+    async def release(tm: Any, obj: Any) -> None:
+        for rank in (0, 1):
+            rank_status(tmp_path, obj.rid, "ok", "released", rank=rank)
+
+    run(g.around_release(release, tm, SimpleNamespace(tags=None, rid=None)))
+
+    async def only_rank0(tm: Any, obj: Any) -> None:
+        rank_status(tmp_path, obj.rid, "ok", "resumed", rank=0)
+
+    with pytest.raises(ResumeFailed, match="scheduler-tp1: missing: no report of operation"):
+        run(g.around_resume(only_rank0, tm, SimpleNamespace(tags=None, rid="op-1")))
+    assert tm.server_status == ServerStatus.Starting and g.closed
+
+    async def both(tm: Any, obj: Any) -> None:
+        for rank in (0, 1):
+            rank_status(tmp_path, obj.rid, "ok", "resumed", rank=rank)
+
+    run(g.around_resume(both, tm, SimpleNamespace(tags=None, rid="op-2")))
+    assert tm.server_status == ServerStatus.Up and not g.closed
+
+
+def test_expected_ranks_follow_the_server_args() -> None:
+    from coldsnap.plugin._gate import TopologyUnknown, expected_ranks
+
+    assert expected_ranks(engine(None, tp=2)) == ["scheduler-tp0", "scheduler-tp1"]
+    tm = SimpleNamespace(server_args=SimpleNamespace(tp_size=2, pp_size=2, dp_size=1))
+    assert expected_ranks(tm) == [
+        "scheduler-tp0", "scheduler-tp1", "scheduler-tp0-pp1", "scheduler-tp1-pp1",
+    ]  # fmt: skip
+    with pytest.raises(TopologyUnknown, match="tp"):
+        expected_ranks(SimpleNamespace(server_args=SimpleNamespace(tp_size=0, pp_size=1)))
 
 
 def test_plain_attribute_variant_guards_server_status(

@@ -133,8 +133,42 @@ def test_nccl_boundary_facts(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(nccl.NcclBoundaryError, match="TP group is absent"):
         nccl.prepare(None)
     _with_dist(monkeypatch, _Dist(True, "nccl"))
-    with pytest.raises(nccl.NcclBoundaryError, match="2 ranks"):
-        nccl.prepare(SimpleNamespace(world_size=2, device_group=object()))
+    group = SimpleNamespace(world_size=2, device_group=object())
+    assert nccl.restore(group)["reason"] == "nothing was torn down"  # live communicators kept
+    comms = _FakeComms()
+    out = nccl.prepare(group, comms)
+    assert out["nccl"] == "torn_down" and out["done"] == ["pynccl_comm", "device_group"]
+    out = nccl.restore(group, comms)
+    assert out["nccl"] == "rebuilt" and out["done"] == ["pynccl_comm", "device_group"]
+    assert comms.calls == ["teardown", "rebuild"] and not group.coldsnap_nccl_torn_down
+
+
+class _FakeComms:
+    """Stands in for SGLang's communicators (a CPU host has no NCCL to tear down)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def teardown(self, group: Any) -> list[str]:
+        self.calls.append("teardown")
+        group.coldsnap_nccl_torn_down = ["pynccl_comm", "device_group"]
+        return group.coldsnap_nccl_torn_down
+
+    def rebuild(self, group: Any) -> list[str]:
+        self.calls.append("rebuild")
+        done, group.coldsnap_nccl_torn_down = group.coldsnap_nccl_torn_down, False
+        return done
+
+
+def test_an_nccl_teardown_that_fails_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    _with_dist(monkeypatch, _Dist(True, "nccl"))
+
+    class Broken(_FakeComms):
+        def teardown(self, group: Any) -> list[str]:
+            raise RuntimeError("ncclCommDestroy: unhandled cuda error")
+
+    with pytest.raises(nccl.NcclBoundaryError, match="teardown failed: RuntimeError: ncclComm"):
+        nccl.prepare(SimpleNamespace(world_size=2, device_group=object()), Broken())
 
 
 # ------------------------------------------------------------------------------ item 8

@@ -30,6 +30,7 @@ def test_every_variable_of_the_design_is_parsed() -> None:
         "COLDSNAP_SGLANG_RECOVERY_LOAD_FORMAT": "safetensors",
         "COLDSNAP_ASYNC_CUDA_GRAPHS": "yes",
         "COLDSNAP_SHAPE_CALIBRATION": "enforce",
+        "COLDSNAP_RANK_TIMEOUT_S": "12.5",
     }
     assert set(env) == set(VARIABLES)
     s = load_settings(env)
@@ -45,7 +46,15 @@ def test_every_variable_of_the_design_is_parsed() -> None:
         recovery_load_format="safetensors",
         async_cuda_graphs=True,
         shape_calibration="enforce",
+        rank_timeout_s=12.5,
     )
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "soon", "nan", "inf", ""])
+def test_a_rank_timeout_must_be_positive_seconds(raw: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        load_settings({"COLDSNAP_RANK_TIMEOUT_S": raw})
+    assert err.value.variables == ("COLDSNAP_RANK_TIMEOUT_S",)
 
 
 @pytest.mark.parametrize(

@@ -10,11 +10,23 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from coldsnap._atomic import write_json_atomic
 from coldsnap.backends import Criu, refuse_gpu_mappings
 from coldsnap.machine import LaunchCommand, Launcher, StepContext
 
-from .._processes import Processes, discard_images, dump_live
+from .._processes import (
+    Processes,
+    discard_host_dirs,
+    discard_images,
+    discard_restore_work,
+    dump_live,
+    find_roots,
+    has_arg,
+    restored_root,
+    runtime_dirs_of,
+)
 from ._template import RELEASE, STATUS
 
 IMAGE_DIR = "template-image"
@@ -72,13 +84,14 @@ class N580Driver:
             url=engine.url,
             cwd=engine.cwd,
         )
-        pid = self.processes.start(command, ctx.workdir / "engine.log")
+        # Journaled before the spawn: stop_template finds an unjournaled PID by its control dir.
         ctx.record(
-            template_pid=pid,
             template_id=template_id,
             control_dir=str(control),
             engine_log=str(ctx.workdir / "engine.log"),
         )
+        pid = self.processes.start(command, ctx.workdir / "engine.log")
+        ctx.record(template_pid=pid)
         status = _wait_status(control, "waiting", pid, ctx, self.processes)
         return {
             "template_pid": pid,
@@ -89,7 +102,26 @@ class N580Driver:
         }
 
     def stop_template(self, ctx: StepContext) -> None:
-        self.processes.stop(ctx.facts.get("template_pid"))
+        self._stop(ctx, ctx.facts.get("template_pid"))
+
+    def _stop(self, ctx: StepContext, pid: int | None) -> None:
+        """Stops the template or the engine it became, then removes its control dir, the
+        runtime dirs (the template's own and the engine's) and CRIU's restore work dir. A
+        template whose PID was never journaled (the orchestrator died between the spawn or the
+        restore and its record) is found by its control dir or by CRIU's pidfile."""
+        control = ctx.facts.get("control_dir")
+        if pid is None and ctx.request.operation == "restore":
+            capsule_id = (ctx.facts.get("capsule") or {}).get("template_id")
+            control = control or (str(self.control_root / capsule_id) if capsule_id else None)
+            found = restored_root(ctx.workdir, has_arg(control))
+            strays = [] if found is None else [found]
+        else:
+            strays = [] if pid else find_roots(has_arg(control))
+        dirs = set().union(*(runtime_dirs_of(p) for p in [pid, *strays]))
+        self.processes.stop(pid)
+        self.processes.stop_strays(strays)
+        discard_host_dirs(control, ctx.facts.get("runtime_dir"), *sorted(dirs))
+        discard_restore_work(ctx.workdir)
 
     def check_context_free(self, ctx: StepContext) -> None:
         refuse_gpu_mappings(ctx.facts["template_pid"])
@@ -110,6 +142,7 @@ class N580Driver:
             Path(ctx.facts["image_dir"]),
             work_dir=ctx.workdir / "criu-restore",
             detached=True,
+            output=ctx.workdir / "engine.log",  # not the capture's log: it may be gone
             timeout=ctx.remaining(),
         )
         facts = {
@@ -123,7 +156,11 @@ class N580Driver:
     # -- the engine ---------------------------------------------------------------------------
 
     def release_template(self, ctx: StepContext) -> dict[str, Any]:
-        engine = self.launcher.command(ctx.request, ctx.workdir, provider=ctx.request.provider)
+        request = ctx.request
+        captured_tp = (ctx.facts.get("capsule") or {}).get("tp_size")
+        if request.operation == "restore" and request.tp is None and captured_tp:
+            request = attrs.evolve(request, tp=captured_tp)  # build as many ranks as captured
+        engine = self.launcher.command(request, ctx.workdir, provider=request.provider)
         argv = list(engine.argv)
         if len(argv) < 3 or argv[1] != "-m":
             raise ValueError(f"an n580 engine command is 'python -m MODULE ...', got {argv[:3]}")
@@ -148,10 +185,10 @@ class N580Driver:
         return facts
 
     def stop_engine(self, ctx: StepContext) -> None:
-        self.processes.stop(ctx.facts.get("engine_pid") or ctx.facts.get("template_pid"))
+        self._stop(ctx, ctx.facts.get("engine_pid") or ctx.facts.get("template_pid"))
 
     def retire_source(self, ctx: StepContext) -> None:
-        self.processes.stop(ctx.facts["engine_pid"])
+        self._stop(ctx, ctx.facts["engine_pid"])
 
 
 def _wait_status(

@@ -91,6 +91,7 @@ RESTORE = Spec(
         ),
         _RELEASE,
         s.WAIT_HEALTHY,
+        s.TP_BARRIER,
         s.ACCEPTANCE,
     ],
 )

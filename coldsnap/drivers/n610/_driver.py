@@ -10,12 +10,24 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from coldsnap.backends import Criu
+from coldsnap.backends.inet import check_port_free, rebind
 from coldsnap.backends.procs import tree_pids
 from coldsnap.machine import Launcher, StepContext
 
-from .._processes import Processes, discard_images, dump_live
+from .._processes import (
+    RUNTIME_ENV,
+    Processes,
+    discard_host_dirs,
+    discard_images,
+    discard_restore_work,
+    dump_live,
+    env_is,
+    find_roots,
+    restored_root,
+)
 
 IMAGE_DIR = "image"
 
@@ -75,26 +87,41 @@ class N610Driver:
 
     def launch_engine(self, ctx: StepContext) -> dict[str, Any]:
         command = self.launcher.command(ctx.request, ctx.workdir, provider=ctx.request.provider)
+        facts: dict[str, Any] = {
+            "engine_url": command.url,
+            "engine_log": str(ctx.workdir / "engine.log"),
+            "runtime_dir": command.env.get(RUNTIME_ENV),
+        }
+        ctx.record(**facts)  # before the spawn: stop_engine finds an unjournaled PID by these
         pid = self.processes.start(
             command, ctx.workdir / "engine.log", new_pid_namespace=self.new_pid_namespace
         )
-        facts = {
-            "engine_pid": pid,
-            "engine_url": command.url,
-            "engine_log": str(ctx.workdir / "engine.log"),
-            "runtime_dir": command.env.get("COLDSNAP_RUNTIME_DIR"),
-        }
-        ctx.record(**facts)
-        return facts
+        ctx.record(engine_pid=pid)
+        return {**facts, "engine_pid": pid}
 
     def stop_engine(self, ctx: StepContext) -> None:
-        self.processes.stop(ctx.facts.get("engine_pid"))
+        """Stops the engine, then removes its runtime dir and CRIU's restore work dir. An
+        engine whose PID was never journaled (the orchestrator died between the spawn or the
+        restore and its record) is found by its runtime dir or by CRIU's pidfile."""
+        pid = ctx.facts.get("engine_pid")
+        runtime_dir = ctx.facts.get("runtime_dir")
+        if ctx.request.operation == "restore":
+            runtime_dir = runtime_dir or (ctx.facts.get("capsule") or {}).get("runtime_dir")
+            found = restored_root(ctx.workdir, env_is(RUNTIME_ENV, runtime_dir))
+            strays = [] if pid or found is None else [found]
+        else:
+            strays = [] if pid else find_roots(env_is(RUNTIME_ENV, runtime_dir))
+        self.processes.stop(pid)
+        self.processes.stop_strays(strays)
+        discard_host_dirs(runtime_dir)
+        discard_restore_work(ctx.workdir)
 
     def retire_source(self, ctx: StepContext) -> None:
         # A source whose CUDA state is checkpointed blocks in its first CUDA call, so a clean
         # shutdown cannot finish: do not wait for one.
         timeout = 2.0 if ctx.facts.get("cuda_pids") else 20.0
         self.processes.stop(ctx.facts["engine_pid"], timeout=timeout)
+        discard_host_dirs(ctx.facts.get("runtime_dir"))  # a restore makes it again
 
     # -- CUDA ---------------------------------------------------------------------------------
 
@@ -144,18 +171,20 @@ class N610Driver:
 
     def restore(self, ctx: StepContext) -> dict[str, Any]:
         images = Path(ctx.facts["image_dir"])
+        capsule = ctx.facts["capsule"]
+        url = serve_on(images, capsule["engine_url"], getattr(ctx.request, "port", None))
         tree = self.criu.restore(
             images,
             work_dir=ctx.workdir / "criu-restore",
             stopped=True,
             detached=True,
             new_pid_namespace=self.restore_pid_namespace,
+            output=ctx.workdir / "engine.log",  # not the capture's log: it may be gone
             timeout=ctx.remaining(),
         )
-        capsule = ctx.facts["capsule"]
         facts = {
             "engine_pid": tree.pid,
-            "engine_url": capsule["engine_url"],
+            "engine_url": url,
             "runtime_dir": capsule.get("runtime_dir"),
             "restore_seconds": tree.seconds,
             "cuda_pids": list(capsule.get("cuda_pids") or ()),
@@ -165,3 +194,16 @@ class N610Driver:
 
     def resume_processes(self, ctx: StepContext) -> None:
         self.processes.resume(ctx.facts["engine_pid"])
+
+
+def serve_on(images: Path, url: str, port: int | None) -> str:
+    """The URL the restored engine will serve on: the captured one, or with the request's port,
+    for which the image's listening socket is moved there first (coldsnap.backends.inet: the
+    restored process then listens on it, at no cost to the restore's time)."""
+    captured = urlsplit(url)
+    if port is None or port == captured.port:
+        return url
+    host = captured.hostname or "127.0.0.1"
+    check_port_free(host, port)
+    rebind(images, old_port=captured.port or 0, port=port)
+    return captured._replace(netloc=f"{host}:{port}").geturl()

@@ -85,6 +85,7 @@ RESTORE = Spec(
             needs=(s.IMAGE_DIR, s.CAPSULE),
             makes=(s.ENGINE_PID, s.ENGINE_URL, s.RUNTIME_DIR, RESTORE_SECONDS, CUDA_PIDS),
         ),
+        s.RANKS_PRESENT,
         Step(
             "cuda_restore",
             "driver.cuda_restore",
@@ -112,6 +113,7 @@ RESTORE = Spec(
         ),
         s.RESUME_WEIGHTS,
         s.RESUME_REST,
+        s.TP_BARRIER,
         s.WAIT_HEALTHY,
         s.ACCEPTANCE,
     ],

@@ -14,7 +14,17 @@ from typing import Any
 from coldsnap.machine import Registry
 
 from . import cpu
-from ._launcher import RUNTIME_ROOT, SGLangLauncher, coldsnap_env, export_dir, free_port
+from ._launcher import (
+    CUDA_TEMPLATE_PRELOAD,
+    RUNTIME_ROOT,
+    SGLangLauncher,
+    TopologyArgsError,
+    coldsnap_env,
+    cpu_binding,
+    export_dir,
+    free_port,
+    tp_size,
+)
 from ._policy import SGLANG_POLICY
 from ._steps import GRAPH_SAVER_ENV, Identity, SGLangEngine, installed_sglang
 
@@ -39,10 +49,11 @@ def build(request: Any) -> SGLangEngine:
         graph_saver = os.environ.get(GRAPH_SAVER_ENV) == "1"
         args = (*CUDA_ARGS, *(GRAPH_SAVER_ARGS if graph_saver else ()))
         env = {GRAPH_SAVER_ENV: "1"} if graph_saver else {}
-        return SGLangEngine(SGLangLauncher(args, env), cuda=True, graphs=graph_saver)
+        launcher = SGLangLauncher(args, env, context_free_preload=CUDA_TEMPLATE_PRELOAD)
+        return SGLangEngine(launcher, cuda=True, graphs=graph_saver, rank_reports=True)
     cpu.activate()
-    launcher = SGLangLauncher((*cpu.CPU_ARGS, *cpu.CPU_MEMORY_ARGS), cpu.cpu_env({}))
-    return SGLangEngine(launcher)
+    launcher = SGLangLauncher((*cpu.CPU_ARGS, *cpu.CPU_MEMORY_ARGS), cpu.cpu_env({}), cpu=True)
+    return SGLangEngine(launcher, rank_reports=True)
 
 
 def register(registry: Registry) -> None:
@@ -57,6 +68,7 @@ def register(registry: Registry) -> None:
 
 __all__ = [
     "CUDA_ARGS",
+    "CUDA_TEMPLATE_PRELOAD",
     "GRAPH_SAVER_ARGS",
     "GRAPH_SAVER_ENV",
     "RUNTIME_ROOT",
@@ -64,11 +76,14 @@ __all__ = [
     "Identity",
     "SGLangEngine",
     "SGLangLauncher",
+    "TopologyArgsError",
     "build",
     "coldsnap_env",
     "cpu",
+    "cpu_binding",
     "export_dir",
     "free_port",
     "installed_sglang",
     "register",
+    "tp_size",
 ]

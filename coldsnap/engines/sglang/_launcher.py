@@ -8,16 +8,58 @@ on another host recreates the same path and writes the resume plan there.
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from coldsnap._errors import RefusedError
 from coldsnap.machine import LaunchCommand
 
 RUNTIME_ROOT = Path("/run/coldsnap/engines")
+TP_FLAGS = ("--tp-size", "--tp", "--tensor-parallel-size")
+CPU_BIND_VARIABLE = "SGLANG_CPU_OMP_THREADS_BIND"
+# On CPU each rank's scheduler busy-polls a core while idle; with several ranks on a small host
+# they starve the HTTP process (measured on 2 cores, TP2: first answer 14 s later than with it).
+CPU_RANKS_ARGS: tuple[str, ...] = ("--sleep-on-idle",)
+# SGLang (0.5.17 measured on the H200) creates a CUDA context while it is imported:
+# sglang.srt.utils.common resolves the platform with torch.cuda.is_available() and imports
+# sgl_kernel, which asks for the current device (docs/qualification.md, run 7). An n580 template
+# must hold no device state, so on a CUDA host it imports only what never touches the device.
+CUDA_TEMPLATE_PRELOAD: tuple[str, ...] = ("torch", "transformers")
+
+
+class TopologyArgsError(RefusedError, ValueError):
+    """The request's engine arguments set the tensor-parallel size themselves: it comes from
+    the request's `tp`, which the capsule binds."""
+
+
+def tp_size(request: Any) -> int:
+    """The tensor-parallel size the engine is started with: the request's `tp` (a restore that
+    names none starts the captured one: the driver hands the capsule's in)."""
+    tp = getattr(request, "tp", None)
+    return 1 if tp is None else int(tp)
+
+
+def cpu_binding(tp: int, cpus: Sequence[int]) -> str:
+    """SGLANG_CPU_OMP_THREADS_BIND for `tp` ranks on a host without NUMA nodes to spare: the
+    CPUs this process may use, split into `tp` contiguous groups (ranks share CPUs when there
+    are fewer CPUs than ranks). SGLang otherwise wants one NUMA node per rank."""
+    ordered = sorted(cpus)
+    if not ordered:
+        raise TopologyArgsError("no CPU is available to bind the engine's ranks to")
+    groups = []
+    for rank in range(tp):
+        if len(ordered) >= tp:
+            lo, hi = rank * len(ordered) // tp, (rank + 1) * len(ordered) // tp
+            part = ordered[lo:hi]
+        else:
+            part = [ordered[rank % len(ordered)]]
+        groups.append(",".join(map(str, part)))
+    return "|".join(groups)
 
 
 def free_port() -> int:
@@ -59,7 +101,13 @@ class SGLangLauncher:
     `base_args` and `base_env` carry what this host needs (on a CPU host, coldsnap.engines.
     sglang.cpu's arguments and environment); `SGLANG_PLUGINS=coldsnap` is always set. A
     subclass may serve another module that speaks the same endpoints and plugin files (the
-    tests' toy engine) by overriding `module` and the preloads."""
+    tests' toy engine) by overriding `module` and the preloads.
+
+    `context_free_preload` replaces both preloads where SGLang's own modules cannot be
+    imported without a device context (CUDA_TEMPLATE_PRELOAD).
+
+    The request's `tp` becomes `--tp-size` (never the engine arguments: TopologyArgsError);
+    `cpu` says the engine runs on SGLang's CPU platform, whose ranks need a thread binding."""
 
     module = "sglang.launch_server"
     # What an n580 template imports before it is dumped: the engine's heavy modules.
@@ -78,24 +126,68 @@ class SGLangLauncher:
     )
 
     def __init__(
-        self, base_args: tuple[str, ...] = (), base_env: Mapping[str, str] | None = None
+        self,
+        base_args: tuple[str, ...] = (),
+        base_env: Mapping[str, str] | None = None,
+        *,
+        cpu: bool = False,
+        context_free_preload: tuple[str, ...] | None = None,
     ) -> None:
         self.base_args = tuple(base_args)
         self.base_env = {**(base_env or {}), "SGLANG_PLUGINS": "coldsnap"}
+        self.cpu = cpu
+        if context_free_preload is not None:  # what a template may import on this host
+            self.template_preload = context_free_preload
+            self.forkserver_preload = context_free_preload
+
+    def topology(self, tp: int) -> tuple[list[str], dict[str, str]]:
+        """The arguments and environment of `tp` ranks on this host: `--tp-size` and, on CPU,
+        a thread binding per rank and schedulers that sleep while idle."""
+        if tp == 1:
+            return [], {}
+        args = ["--tp-size", str(tp)]
+        if not self.cpu:
+            return args, {}
+        cpus = sorted(os.sched_getaffinity(0))
+        return [*args, *CPU_RANKS_ARGS], {CPU_BIND_VARIABLE: cpu_binding(tp, cpus)}
 
     def command(self, request: Any, workdir: Path, *, provider: str) -> LaunchCommand:
+        clash = [a for a in request.engine_args if a.split("=")[0] in TP_FLAGS]
+        if clash:
+            raise TopologyArgsError(
+                f"engine_args: {clash[0]} is not accepted; the tensor-parallel size is the "
+                "request's field tp (the capsule binds it)"
+            )
         runtime_dir = RUNTIME_ROOT / uuid.uuid4().hex
         runtime_dir.mkdir(parents=True, mode=0o700)
         port = getattr(request, "port", None) or free_port()
         restoring = request.operation == "restore"
+        tp_args, tp_env = self.topology(tp_size(request))
         argv = [sys.executable, "-m", self.module, "--model-path", request.model.path,
-                "--host", "127.0.0.1", "--port", str(port), *self.base_args,
+                "--host", "127.0.0.1", "--port", str(port), *self.base_args, *tp_args,
                 *request.engine_args]  # fmt: skip
         if restoring and provider == "native":
             argv += ["--load-format", "dummy"]
         payload = workdir / "payload" if restoring else None
-        env = {**self.base_env, **coldsnap_env(request, provider, runtime_dir, payload)}
+        env = {
+            **self.base_env,
+            **tp_env,
+            **coldsnap_env(request, provider, runtime_dir, payload),
+        }
         return LaunchCommand(argv=argv, env=env, url=f"http://127.0.0.1:{port}")
 
 
-__all__ = ["RUNTIME_ROOT", "SGLangLauncher", "coldsnap_env", "export_dir", "free_port"]
+__all__ = [
+    "CPU_BIND_VARIABLE",
+    "CPU_RANKS_ARGS",
+    "CUDA_TEMPLATE_PRELOAD",
+    "RUNTIME_ROOT",
+    "TP_FLAGS",
+    "SGLangLauncher",
+    "TopologyArgsError",
+    "coldsnap_env",
+    "cpu_binding",
+    "export_dir",
+    "free_port",
+    "tp_size",
+]

@@ -8,11 +8,12 @@ it the files of coldsnap._wire. Each step reads the facts its shared step
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from coldsnap.machine import steps as s
 
 from ._launcher import export_dir
 from ._policy import SGLANG_POLICY
+from ._ranks import RankReport, absent_ranks, census, extra_ranks, read_ranks
 
 Identity = Callable[[], tuple[str, str, str]]
 """() -> (engine name, version, contract digest): what the store binds into capsules."""
@@ -61,6 +63,11 @@ class SGLangEngine:
     cuda: the engine runs on GPUs with the memory saver (`--enable-memory-saver`); release_memory
         then requires every scheduler's measurement of the release and refuses when a released
         region is still resident.
+    rank_reports: capability `rank_reports`: the plugin in each scheduler reports its rank
+        (status records), so release_memory counts the ranks (as many as the request's tp, each
+        with this release), and the specs' rank steps run: `ranks_present` before a restored
+        tree runs, `tp_barrier` once every rank must have resumed (or started). An engine that
+        writes no such records (the tests' toy engine) leaves it off.
     graphs: capability `cuda_graphs`, which selects the specs' graph steps (destroy_graphs, with
         recapture_graphs as its undo, and the graph tag in resume_rest). Releasing the
         `cuda_graph` tag frees graph memory only when SGLang captures its graphs in the memory
@@ -77,6 +84,7 @@ class SGLangEngine:
         policy: EnginePolicy = SGLANG_POLICY,
         graphs: bool = False,
         cuda: bool = False,
+        rank_reports: bool = False,
         name: str = "sglang",
         identity: Identity | None = None,
         transport: httpx.BaseTransport | None = None,
@@ -92,7 +100,10 @@ class SGLangEngine:
         self.policy = policy
         self.graphs = graphs
         self.cuda = cuda
-        self.capabilities: frozenset[str] = frozenset({"cuda_graphs"} if graphs else ())
+        self.rank_reports = rank_reports
+        self.capabilities: frozenset[str] = frozenset(
+            name for name, on in (("cuda_graphs", graphs), ("rank_reports", rank_reports)) if on
+        )
         self._identity = identity or installed_sglang
         self._transport = transport  # tests hand an httpx.MockTransport
 
@@ -152,19 +163,28 @@ class SGLangEngine:
         """Releases the KV cache and the weights; an engine started to export writes its
         payload under the runtime directory first (the plugin refuses the release if it
         cannot). Then reads every scheduler's status record: a release the plugin refused
-        fails the step; on CUDA each scheduler must have measured this release, and a region
-        still resident (weights or KV: the memory saver is off, or a tensor lies outside its
-        region) fails the step naming the regions and bytes, so nothing resident is sealed.
+        fails the step; with `rank_reports` there must be exactly the request's tp ranks, each
+        reporting this release; on CUDA each scheduler must have measured this release, and a
+        region still resident (weights or KV: the memory saver is off, or a tensor lies outside
+        its region) fails the step naming the regions and bytes, so nothing resident is sealed.
         Makes the device memory still in use after the release, summed over the schedulers
-        (0 without CUDA)."""
+        (0 without CUDA), and the number of ranks (the capsule carries it)."""
         runtime_dir = Path(ctx.facts[s.RUNTIME_DIR.name])
         started = time.time()
+        tp = int(getattr(ctx.request, "tp", None) or 1)
         with self._client(ctx) as client:
-            client.release([KV_CACHE, WEIGHTS])
+            try:
+                client.release([KV_CACHE, WEIGHTS])
+            except EngineError as exc:
+                named = census(runtime_dir, tp, ctx.facts[s.ENGINE_PID.name])
+                raise EngineError("release_memory", f"{exc}{named}") from exc
+        pids = _check_rank_count(runtime_dir, tp, started) if self.rank_reports else {}
         residual = _check_release(runtime_dir, started, cuda=self.cuda)
         return {
             s.EXPORT_DIR.name: str(export_dir(runtime_dir)),
             s.RESIDUAL_DEVICE_BYTES.name: residual,
+            s.TP_SIZE.name: tp,
+            s.RANK_PIDS.name: pids,
         }
 
     def resume_memory(self, ctx: StepContext) -> None:
@@ -201,14 +221,119 @@ class SGLangEngine:
         source = ctx.facts[s.WEIGHT_SOURCE.name]
         plan = plan_from({**source, "seed": seed}, where=f"weight source {source!r}")
         write_plan(Path(ctx.facts[s.RUNTIME_DIR.name]), plan)
-        with self._client(ctx) as client:
+        with self._client(ctx) as client, self._naming_ranks(ctx, "resume_weights"):
             client.resume([WEIGHTS])
         return {s.RESUME_SEED.name: seed}
 
     def resume_rest(self, ctx: StepContext) -> None:
         tags = [KV_CACHE, CUDA_GRAPH] if self.graphs else [KV_CACHE]
-        with self._client(ctx) as client:
+        with self._client(ctx) as client, self._naming_ranks(ctx, "resume_rest"):
             client.resume(tags)
+
+    # -- ranks --------------------------------------------------------------------------------
+
+    def check_ranks(self, ctx: StepContext) -> None:
+        """Before a restored tree runs: every rank the capsule was captured with is back, a
+        live process of this engine at the pid the capsule carries (CRIU restores pids).
+        Raises EngineError naming each rank that is not."""
+        capsule = ctx.facts[s.CAPSULE.name]
+        tp = _captured_tp(ctx, "ranks_present")
+        problems = absent_ranks(
+            ctx.facts[s.ENGINE_PID.name], capsule.get(s.RANK_PIDS.name) or {}, tp
+        )
+        if problems:
+            raise EngineError(
+                "ranks_present",
+                f"the restored engine lacks ranks of its {tp}: " + "; ".join(problems),
+            )
+
+    def tp_barrier(self, ctx: StepContext) -> dict[str, Any]:
+        """Reads what every rank reported (see coldsnap.machine.steps.TP_BARRIER); raises
+        EngineError naming each rank that is missing, failed, ended, or out of step."""
+        runtime_dir, tp = Path(ctx.facts[s.RUNTIME_DIR.name]), _captured_tp(ctx, "tp_barrier")
+        found, problems = read_ranks("tp_barrier", runtime_dir, tp, ctx.facts[s.ENGINE_PID.name])
+        hydrated = ctx.request.provider == "native"
+        for r in found:
+            why = _rank_problem(r, hydrated=hydrated)
+            if why:
+                problems.append(f"{r.describe()}: {why}")
+        operations = {r.record.get("operation") for r in found}
+        if len(operations) > 1:
+            problems.append(
+                "the ranks are at different operations: "
+                + ", ".join(f"rank {r.rank} {r.record.get('operation')}" for r in found)
+            )
+        if problems:
+            raise EngineError(
+                "tp_barrier", f"{len(problems)} of {tp} ranks: " + "; ".join(problems)
+            )
+        ranks = {
+            r.name: {
+                "pid": r.pid,
+                "operation": r.record.get("operation"),
+                "event": r.last_event,
+                "nccl": (r.record.get("resume") or {}).get("nccl"),
+            }
+            for r in found
+        }
+        return {s.TP_RANKS.name: ranks}
+
+    @contextlib.contextmanager
+    def _naming_ranks(self, ctx: StepContext, step: str) -> Iterator[None]:
+        """A failed call to a multi-rank engine says which ranks have ended."""
+        try:
+            yield
+        except EngineError as exc:
+            if not self.rank_reports:
+                raise
+            capsule = ctx.facts.get(s.CAPSULE.name) or {}
+            named = census(
+                ctx.facts.get(s.RUNTIME_DIR.name),
+                int(capsule.get(s.TP_SIZE.name) or 0),
+                ctx.facts.get(s.ENGINE_PID.name),
+                capsule.get(s.RANK_PIDS.name),
+            )
+            raise EngineError(step, f"{exc}{named}") from exc
+
+
+def _captured_tp(ctx: StepContext, step: str) -> int:
+    """The ranks the capsule was captured with (its carried tp_size)."""
+    tp = (ctx.facts.get(s.CAPSULE.name) or {}).get(s.TP_SIZE.name)
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise EngineError(step, f"the capsule records no tensor-parallel size (tp_size: {tp!r})")
+    return tp
+
+
+def _rank_problem(report: RankReport, *, hydrated: bool) -> str | None:
+    """Why one rank is not ready to serve, or None."""
+    record = report.record
+    if not report.running:
+        return "its process is not running"
+    if record.get("outcome") not in (None, "ok"):
+        return f"{record.get('outcome')} at {report.last_event}: {record.get('error')}"
+    if record.get("released_tags"):
+        return f"still released: {', '.join(record['released_tags'])}"
+    if hydrated and record.get("mode") == "restore" and not record.get("startup_hydration"):
+        return "built from the payload but reported no hydration"
+    if not record.get("registered"):
+        return "registered no model storages"
+    return None
+
+
+def _check_rank_count(runtime_dir: Path, tp: int, started: float) -> dict[str, int | None]:
+    """Exactly `tp` scheduler ranks, each reporting a release that began after `started`;
+    returns each rank's pid."""
+    found, problems = read_ranks("release_memory", runtime_dir, tp, None)
+    for r in found:
+        events = r.record.get("events") or []
+        if not any(e.get("event") == "released" and e.get("time", 0) >= started for e in events):
+            problems.append(f"{r.describe()} did not report this release")
+    extra = extra_ranks(runtime_dir, tp)
+    if extra:
+        problems.append(f"the engine has more ranks than the request's tp {tp}: {', '.join(extra)}")
+    if problems:
+        raise EngineError("release_memory", "; ".join(problems))
+    return {r.name: r.pid for r in found}
 
 
 def _graph_saver(launcher: Launcher) -> bool:

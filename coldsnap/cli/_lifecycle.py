@@ -1,0 +1,87 @@
+"""`coldsnap status`, `coldsnap stop` (engines a restore left serving, by serving name or
+workdir: coldsnap.cli._serving) and `coldsnap schema` (the request files' JSON Schemas)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import _schema, _serving
+from ._errors import reported
+
+
+def _debug() -> bool:
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx and ctx.find_root().obj and ctx.find_root().obj.get("debug"))
+
+
+def _line(name: str | None, state: dict[str, Any]) -> str:
+    running = "running" if state["running"] else "not running"
+    if state["running"] and not state["listening"]:
+        running += " (not listening yet)"
+    parts = [name or state["workdir"], running]
+    if state.get("url"):
+        parts.append(f"url {state['url']}")
+    if state.get("pid"):
+        parts.append(f"pid {state['pid']}")
+    parts.append(f"{state.get('operation') or 'operation'} {state['state']}")
+    return "  ".join(parts)
+
+
+@click.command("status")
+@click.argument("target", required=False, metavar="[NAME|WORKDIR]")
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of text.")
+def status(target: str | None, as_json: bool) -> None:
+    """Whether an engine coldsnap restored runs: its URL, PID and the operation's state (from
+    the workdir's journal and receipt). Without NAME|WORKDIR: every engine recorded as serving
+    (in $COLDSNAP_SERVING_DIR, default /run/coldsnap/serving)."""
+    with reported(_debug):
+        if target is not None:
+            workdir, name = _serving.workdir_of(target)
+            rows = [{"name": name, **_serving.state(workdir)}]
+        else:
+            rows = [{"name": s.name, **_serving.state(Path(s.workdir))} for s in _serving.records()]
+    if as_json:
+        click.echo(json.dumps(rows[0] if target is not None else rows, indent=2))
+        return
+    if not rows:
+        click.echo(f"nothing serving (no records in {_serving.serving_dir()})")
+    for row in rows:
+        click.echo(_line(row["name"], row))
+
+
+@click.command("stop")
+@click.argument("target", metavar="NAME|WORKDIR")
+def stop(target: str) -> None:
+    """Stop an engine a restore left serving: its whole process tree, its runtime dir and
+    its serving record; the workdir (journal, receipt, logs) stays. Holds the workdir's lock."""
+    with reported(_debug):
+        workdir, name = _serving.workdir_of(target)
+        done = _serving.stop(workdir)
+    what = name or str(workdir)
+    if done["was_running"]:
+        click.echo(f"stopped {what} (pid {done['pid']}, {done['url']})")
+    else:
+        click.echo(f"{what} was not running (pid {done['pid']})")
+
+
+@click.command("schema")
+@click.argument("operation", type=click.Choice(sorted(_schema.CLASSES)))
+@click.option("--write", is_flag=True, help=f"Write it to {_schema.SCHEMA_DIR}/ instead.")
+def schema(operation: str, write: bool) -> None:
+    """Print the JSON Schema of a capture or restore request file (docs/cli.md shows
+    examples)."""
+    text = _schema.text(operation)
+    if write:
+        path = _schema.path(operation)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        click.echo(f"wrote {path}")
+        return
+    click.echo(text, nl=False)
+
+
+__all__ = ["schema", "status", "stop"]

@@ -1,0 +1,221 @@
+"""What serves after a `coldsnap restore`, so that `stop` and `status` find it by name.
+
+The restore's workdir is the truth: its receipt holds the engine's PID, URL and runtime dir, its
+journal what the operation did. A serving record (`SERVING_DIR/NAME.json`, written by the
+command line once a restore is done) only maps a name to that workdir. SERVING_DIR is on a
+tmpfs (/run) by default: after a reboot nothing serves, and no record says otherwise.
+
+An engine is identified by its runtime dir, which is in every one of its processes' environment
+(CRIU restores the environment as it was): a PID that another process took since is never
+signalled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from attrs import asdict, frozen
+
+from coldsnap._atomic import write_json_atomic
+from coldsnap._errors import OperationError
+from coldsnap.backends import stop_tree
+from coldsnap.backends.procs import pid_exists
+from coldsnap.engines.sglang import RUNTIME_ROOT
+from coldsnap.machine import JOURNAL_NAME, JournalError, Replay, RequestError, read_journal
+from coldsnap.machine._journal import workdir_lock
+from coldsnap.machine._receipt import RECEIPT_NAME
+
+SERVING_ENV = "COLDSNAP_SERVING_DIR"
+DEFAULT_SERVING_DIR = Path("/run/coldsnap/serving")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_STOP_TIMEOUT_S = 30.0
+LAID_OUT = ("image", "payload")
+"""What admit laid out in a restore's workdir: the capsule's files, as hard links."""
+
+
+class ServingError(OperationError):
+    """An engine could not be found or stopped as asked."""
+
+
+def serving_dir() -> Path:
+    return Path(os.environ.get(SERVING_ENV) or DEFAULT_SERVING_DIR)
+
+
+@frozen(kw_only=True)
+class Serving:
+    """A name for a restored engine, and the restore's workdir that knows the rest."""
+
+    name: str
+    workdir: str
+    artifact: str
+    capsule_digest: str | None
+    url: str | None
+    pid: int | None
+    started: float
+    format: int = 1
+    kind: str = "coldsnap.serving"
+
+
+def record(serving: Serving) -> Path:
+    return write_json_atomic(serving_dir() / f"{serving.name}.json", asdict(serving))
+
+
+def _read_record(path: Path) -> Serving | None:
+    try:
+        data = json.loads(path.read_text())
+        return Serving(**{k: data[k] for k in data if k not in ("format", "kind")})
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def records() -> list[Serving]:
+    folder = serving_dir()
+    if not folder.is_dir():
+        return []
+    found = (_read_record(p) for p in sorted(folder.glob("*.json")))
+    return [s for s in found if s is not None]
+
+
+def forget(workdir: Path) -> None:
+    """Removes every serving record that names `workdir`."""
+    for serving in records():
+        if Path(serving.workdir) == workdir:
+            (serving_dir() / f"{serving.name}.json").unlink(missing_ok=True)
+
+
+def workdir_of(target: str) -> tuple[Path, str | None]:
+    """The workdir `target` names (a serving name first, else a workdir path), and the name."""
+    if _NAME.match(target):
+        serving = _read_record(serving_dir() / f"{target}.json")
+        if serving is not None:
+            return Path(serving.workdir), serving.name
+    if Path(target).is_dir():
+        return Path(target).resolve(), None
+    raise RequestError(
+        [("target", f"{target!r} is neither a name serving here ({serving_dir()}) nor a workdir")]
+    )
+
+
+def receipt(workdir: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((workdir / RECEIPT_NAME).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise JournalError(f"{workdir / RECEIPT_NAME}: not a receipt ({exc})") from None
+    return data if isinstance(data, dict) else None
+
+
+def engine_alive(pid: int | None, runtime_dir: str | None) -> bool:
+    """Whether `pid` runs and is the engine of `runtime_dir` (not a later process that took
+    the PID). Without a runtime dir to compare, a live non-zombie PID counts."""
+    if not pid or not pid_exists(pid) or _zombie(pid):
+        return False
+    if not runtime_dir:
+        return True
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"COLDSNAP_RUNTIME_DIR={runtime_dir}".encode() in environ
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+def listening(url: str | None) -> bool:
+    if not url:
+        return False
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 80), 0.5):
+            return True
+    except OSError:
+        return False
+
+
+def state(workdir: Path) -> dict[str, Any]:
+    """What `status` says of one workdir: the operation, how it ended (or where it is), and
+    whether its engine runs and listens."""
+    out: dict[str, Any] = {"workdir": str(workdir)}
+    journal = workdir / JOURNAL_NAME
+    if journal.exists():
+        replay = Replay.of(read_journal(journal))
+        out["operation"] = replay.request.get("kind", "").removeprefix("coldsnap.")
+        out["operation"] = out["operation"].removesuffix("-request") or None
+        out["spec"] = replay.spec
+        if replay.end is not None:
+            out["state"] = replay.end.outcome
+        elif replay.compensating:
+            out["state"] = "compensating"
+        else:
+            out["state"] = f"running step {replay.interrupted}" if replay.interrupted else "running"
+        out["artifact"] = replay.request.get("artifact") or replay.request.get("name")
+    else:
+        out["state"] = "no journal"
+    done = receipt(workdir) or {}
+    facts = done.get("facts") or {}
+    pid, url, runtime = facts.get("engine_pid"), facts.get("engine_url"), facts.get("runtime_dir")
+    out["pid"], out["url"] = pid, url
+    out["capsule_digest"] = facts.get("capsule_digest")
+    out["running"] = engine_alive(pid, runtime)
+    out["listening"] = out["running"] and listening(url)
+    if (workdir / "stopped.json").exists():
+        out["stopped"] = json.loads((workdir / "stopped.json").read_text()).get("at")
+    return out
+
+
+def stop(workdir: Path) -> dict[str, Any]:
+    """Stops the engine a restore in `workdir` left serving (its whole process tree), removes
+    its runtime dir, the capsule's files laid out in the workdir and the serving records naming
+    the workdir; holds the workdir's lock.
+    Idempotent: an engine already gone is reported as such."""
+    with workdir_lock(workdir):
+        done = receipt(workdir)
+        if done is None:
+            raise ServingError(f"{workdir}: no receipt, so no engine that this workdir started")
+        facts = done.get("facts") or {}
+        pid, runtime = facts.get("engine_pid"), facts.get("runtime_dir")
+        was_running = engine_alive(pid, runtime)
+        if was_running:
+            stop_tree(int(pid), _STOP_TIMEOUT_S)
+            if engine_alive(pid, runtime):
+                raise ServingError(f"engine pid {pid} still runs after {_STOP_TIMEOUT_S} s")
+        if runtime and Path(runtime).parent == RUNTIME_ROOT:
+            shutil.rmtree(runtime, ignore_errors=True)
+        for laid_out in LAID_OUT:  # hard links that would keep the store's bytes after its gc
+            shutil.rmtree(workdir / laid_out, ignore_errors=True)
+        forget(workdir)
+        at = time.time()
+        write_json_atomic(workdir / "stopped.json", {"at": at, "pid": pid})
+    return {"workdir": str(workdir), "pid": pid, "was_running": was_running, "url":
+            facts.get("engine_url")}  # fmt: skip
+
+
+__all__ = [
+    "DEFAULT_SERVING_DIR",
+    "RUNTIME_ROOT",
+    "SERVING_ENV",
+    "Serving",
+    "ServingError",
+    "engine_alive",
+    "forget",
+    "record",
+    "records",
+    "serving_dir",
+    "state",
+    "stop",
+    "workdir_of",
+]

@@ -1,0 +1,140 @@
+"""What the scheduler ranks of an SGLang engine reported: one status record per rank, written by
+coldsnap's plugin (coldsnap._wire.status_path, named `scheduler-tp<rank>`), holding the rank's
+pid, its place (tp_rank, tp_size) and the outcome of the last operation it took part in.
+
+The machine counts ranks from these records, never from the engine's word that it is ready:
+a rank that never reported, reported a failure, or whose process has ended is named.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import psutil
+from attrs import frozen
+
+from coldsnap._wire import STATUS_KIND, status_path
+from coldsnap.engines import EngineError
+
+
+@frozen
+class RankReport:
+    """One rank's status record as the machine reads it."""
+
+    name: str
+    rank: int
+    pid: int | None
+    running: bool
+    record: dict[str, Any]
+
+    @property
+    def outcome(self) -> str | None:
+        return self.record.get("outcome")
+
+    @property
+    def last_event(self) -> str | None:
+        events = self.record.get("events") or []
+        return events[-1].get("event") if events else None
+
+    def describe(self) -> str:
+        return f"rank {self.rank} ({self.name}, pid {self.pid})"
+
+
+def rank_names(tp: int) -> list[str]:
+    """The status-record names of the scheduler ranks of a `tp`-rank engine."""
+    return [f"scheduler-tp{rank}" for rank in range(tp)]
+
+
+def read_ranks(
+    step: str, runtime_dir: Path, tp: int, engine_pid: int | None
+) -> tuple[list[RankReport], list[str]]:
+    """(the reports found, one line per rank that has none) for ranks 0..tp-1; a rank runs when
+    its pid is a live process of the engine's tree (`engine_pid` its root). EngineError (naming
+    the file) for a record that cannot be read."""
+    found, missing = [], []
+    for rank, name in enumerate(rank_names(tp)):
+        path = status_path(runtime_dir, name)
+        try:
+            record = json.loads(path.read_text())
+        except FileNotFoundError:
+            missing.append(f"rank {rank} ({name}): no status record at {path}")
+            continue
+        except (OSError, ValueError) as exc:
+            raise EngineError(step, f"status record {path} is unreadable: {exc}") from None
+        if not isinstance(record, dict) or record.get("kind") != STATUS_KIND:
+            raise EngineError(step, f"{path} is not a coldsnap status record")
+        pid = record.get("pid")
+        pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+        running = pid is not None and _why_not_running(pid, engine_pid) is None
+        found.append(RankReport(name, rank, pid, running, record))
+    return found, missing
+
+
+def extra_ranks(runtime_dir: Path, tp: int) -> list[str]:
+    """Scheduler records beyond ranks 0..tp-1: an engine with more ranks than the request's."""
+    folder = status_path(runtime_dir, "scheduler").parent
+    expected = set(rank_names(tp))
+    return sorted(p.stem for p in folder.glob("scheduler*.json") if p.stem not in expected)
+
+
+def absent_ranks(engine_pid: int | None, pids: Mapping[str, Any], tp: int) -> list[str]:
+    """One line per rank 0..tp-1 that `pids` (process name -> pid, as the capsule carries
+    them) does not name or whose process is not a live process of the engine's tree."""
+    lines = []
+    for rank, name in enumerate(rank_names(tp)):
+        pid = pids.get(name)
+        if not isinstance(pid, int) or isinstance(pid, bool):
+            lines.append(f"rank {rank} ({name}): the capsule names no pid for it")
+        elif (why := _why_not_running(pid, engine_pid)) is not None:
+            lines.append(f"rank {rank} ({name}, pid {pid}) is not running: {why}")
+    return lines
+
+
+def census(
+    runtime_dir: Path | str | None,
+    tp: int,
+    engine_pid: int | None,
+    pids: Mapping[str, Any] | None = None,
+) -> str:
+    """A sentence naming each rank whose process has ended ("" when all run), appended to the
+    error of a step that failed talking to the engine: from the captured pids when given,
+    else from the ranks' status records."""
+    if tp < 1:
+        return ""
+    if pids:
+        lines = absent_ranks(engine_pid, pids, tp)
+    elif runtime_dir:
+        try:
+            found, lines = read_ranks("census", Path(runtime_dir), tp, engine_pid)
+        except EngineError as exc:
+            return f"; the ranks' records cannot be read: {exc}"
+        lines = [f"{r.describe()} is not running" for r in found if not r.running] + lines
+    else:
+        return ""
+    return "; " + "; ".join(lines) if lines else ""
+
+
+def _why_not_running(pid: int, engine_pid: int | None) -> str | None:
+    """None when `pid` is a live process of the engine's tree (the root `engine_pid` or one of
+    its descendants: a reused pid is not taken for the rank), else why not. (SGLang renames
+    its processes, which overwrites their environment, so the tree is what identifies them;
+    the records hold the pids a rank sees, so an engine in a PID namespace of its own cannot
+    be checked from outside it.)"""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return "it has ended (zombie)"
+        if engine_pid is None or pid == engine_pid:
+            return None
+        root = psutil.Process(engine_pid)
+        if pid not in {p.pid for p in root.children(recursive=True)}:
+            return f"pid {pid} is not in the engine's tree (root {engine_pid})"
+    except psutil.NoSuchProcess:
+        return "no such process"
+    return None
+
+
+__all__ = ["RankReport", "absent_ranks", "census", "extra_ranks", "rank_names", "read_ranks"]

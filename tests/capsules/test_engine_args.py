@@ -1,0 +1,65 @@
+"""Which engine arguments a restore may change: flags compare with their values in any order
+and spelling (`--a 1` or `--a=1`); reporting flags and coldsnap's own may differ."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coldsnap.capsules import _engine_args as ea
+
+_FLAG = st.from_regex(r"--[a-z][a-z-]{0,12}", fullmatch=True)
+_VALUE = st.from_regex(r"[a-z0-9.]{1,6}", fullmatch=True)
+_GROUP = st.tuples(_FLAG, st.lists(_VALUE, max_size=2))
+
+
+def _flatten(groups: list[tuple[str, list[str]]]) -> list[str]:
+    return [item for flag, values in groups for item in (flag, *values)]
+
+
+def test_parse_groups_values_under_their_flag() -> None:
+    assert ea.parse(["--a", "1", "2", "--b", "--c=x", "--a", "-3"]) == {
+        "--a": [("1", "2"), ("-3",)],
+        "--b": [()],
+        "--c": [("x",)],
+    }
+    assert ea.parse(["pos", "--a"]) == {"": [("pos",)], "--a": [()]}
+
+
+@given(st.lists(_GROUP, max_size=6, unique_by=lambda g: g[0]), st.randoms())
+def test_the_order_of_flags_never_matters(groups, random) -> None:
+    shuffled = list(groups)
+    random.shuffle(shuffled)
+    assert ea.differences(_flatten(groups), _flatten(shuffled)) == []
+
+
+@given(st.lists(_GROUP, min_size=1, max_size=6, unique_by=lambda g: g[0]), st.data())
+def test_a_changed_value_is_named_with_both_sides(groups, data) -> None:
+    index = data.draw(st.integers(0, len(groups) - 1))
+    flag, values = groups[index]
+    changed = [*values, "zz-new"]
+    other = [*groups[:index], (flag, changed), *groups[index + 1 :]]
+    found = ea.differences(_flatten(groups), _flatten(other))
+    if flag in ea.ALLOWED | ea.COLDSNAP_OWNED:
+        assert found == []
+    else:
+        assert [(d.field, d.expected, d.found) for d in found] == [
+            (f"engine_args {flag}", " ".join((flag, *values)), " ".join((flag, *changed)))
+        ]
+
+
+def test_reporting_flags_and_coldsnaps_may_differ() -> None:
+    assert (
+        ea.differences(
+            ["--dtype", "float16", "--log-level", "info", "--port", "1"],
+            ["--log-level=debug", "--enable-metrics", "--dtype", "float16", "--host", "0.0.0.0"],
+        )
+        == []
+    )
+
+
+def test_an_unknown_flag_is_engine_changing() -> None:
+    (diff,) = ea.differences([], ["--some-future-flag"])
+    assert (diff.field, diff.expected, diff.found) == (
+        "engine_args --some-future-flag", "absent", "--some-future-flag",
+    )  # fmt: skip
