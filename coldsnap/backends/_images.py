@@ -1,10 +1,13 @@
-"""Reads the few facts coldsnap needs from a CRIU image directory, without CRIU's Python tools.
+"""CRIU's image format, without CRIU's Python tools: the few facts coldsnap reads from an image
+directory, and the lossless wire-format reader and writer that coldsnap.backends.inet edits
+files.img with.
 
-pycriu/crit are not on PyPI, and we only need two things: the PIDs an image will take back
-(pstree.img, to detect a collision before CRIU fails on it) and the file paths it references
-(files.img, to keep the /dev/shm files it needs). Protobuf field numbers never change, so a
-small wire-format reader is enough. Image layout: two little-endian u32 magics, then entries,
-each a u32 size and a protobuf message.
+pycriu/crit are not on PyPI, and we only need a few things: the PIDs an image will take back
+(pstree.img, to detect a collision before CRIU fails on it), the file paths it references
+(files.img, to keep the /dev/shm files it needs; _stdio: the tree's stdout and stderr) and its
+listening sockets (inet). Protobuf field numbers never change, so a small wire-format codec is
+enough. Image layout: two little-endian u32 magics, then entries, each a u32 size and a
+protobuf message.
 
 Standard library only: CRIU's post-dump hook runs it with `python -S` (see _files).
 """
@@ -36,6 +39,11 @@ class TaskIds(NamedTuple):
     threads: tuple[int, ...]
 
 
+Field = tuple[int, int, int | bytes]
+"""One field of a message as it is on the wire: number, wire type, value (an int for a varint,
+the raw bytes otherwise, fixed-width fields included, so that a message re-encodes as read)."""
+
+
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
     value = shift = 0
     while True:
@@ -51,8 +59,8 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
             raise ImageFormatError("varint too long")
 
 
-def _fields(msg: bytes) -> Iterator[tuple[int, int, int | bytes]]:
-    """Yields (field number, wire type, value) of one protobuf message."""
+def _fields(msg: bytes) -> Iterator[Field]:
+    """Yields (field number, wire type, value) of one protobuf message, in wire order."""
     pos = 0
     while pos < len(msg):
         key, pos = _varint(msg, pos)
@@ -60,34 +68,75 @@ def _fields(msg: bytes) -> Iterator[tuple[int, int, int | bytes]]:
         if wire == _VARINT:
             value, pos = _varint(msg, pos)
             yield number, wire, value
-        elif wire == _LEN:
+            continue
+        if wire == _LEN:
             size, pos = _varint(msg, pos)
-            if pos + size > len(msg):
-                raise ImageFormatError("truncated field")
-            yield number, wire, msg[pos : pos + size]
-            pos += size
-        elif wire == _I64:
-            pos += 8
-        elif wire == _I32:
-            pos += 4
+        elif wire in (_I64, _I32):
+            size = 8 if wire == _I64 else 4
         else:
-            raise ImageFormatError(f"unsupported wire type {wire}")
+            raise ImageFormatError(f"field {number}: unsupported wire type {wire}")
+        if pos + size > len(msg):
+            raise ImageFormatError(f"field {number}: truncated")
+        yield number, wire, msg[pos : pos + size]
+        pos += size
 
 
-def _entries(path: Path) -> Iterator[bytes]:
-    data = path.read_bytes()
+def decode_message(msg: bytes) -> list[Field]:
+    """Every field of one message, in wire order (`encode_message` gives the bytes back)."""
+    return list(_fields(msg))
+
+
+def encode_varint(value: int) -> bytes:
+    if value < 0:
+        raise ValueError(f"a varint is unsigned, got {value}")
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        out.append(low | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def encode_message(fields: list[Field]) -> bytes:
+    out = bytearray()
+    for number, wire, value in fields:
+        out += encode_varint(number << 3 | wire)
+        if wire == _VARINT:
+            out += encode_varint(int(value))  # type: ignore[arg-type]
+        elif isinstance(value, bytes):
+            out += (encode_varint(len(value)) if wire == _LEN else b"") + value
+        else:
+            raise ValueError(f"field {number}: wire type {wire} needs bytes, got {value!r}")
+    return bytes(out)
+
+
+def split_image(data: bytes) -> tuple[bytes, list[bytes]]:
+    """An image file's magic words and its entries (each a serialized message)."""
     if len(data) < 8:
-        raise ImageFormatError(f"{path}: too short for a CRIU image")
-    pos = 8
+        raise ImageFormatError("too short for a CRIU image")
+    entries, pos = [], 8
     while pos < len(data):
         if pos + 4 > len(data):
-            raise ImageFormatError(f"{path}: truncated entry size")
+            raise ImageFormatError(f"truncated entry size at byte {pos}")
         (size,) = struct.unpack_from("<I", data, pos)
         pos += 4
         if pos + size > len(data):
-            raise ImageFormatError(f"{path}: truncated entry")
-        yield data[pos : pos + size]
+            raise ImageFormatError(f"truncated entry: the one at byte {pos - 4} runs past the end")
+        entries.append(data[pos : pos + size])
         pos += size
+    return data[:8], entries
+
+
+def join_image(magic: bytes, entries: list[bytes]) -> bytes:
+    return magic + b"".join(struct.pack("<I", len(e)) + e for e in entries)
+
+
+def _entries(path: Path) -> Iterator[bytes]:
+    try:
+        _, entries = split_image(path.read_bytes())
+    except ImageFormatError as exc:
+        raise ImageFormatError(f"{path}: {exc}") from None
+    yield from entries
 
 
 def read_pstree(images_dir: Path) -> tuple[TaskIds, ...]:

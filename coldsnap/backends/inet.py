@@ -8,9 +8,9 @@ those and listening on it, so a restored process listens wherever the image says
 entry before `criu restore` and it listens on the new port. Nothing else in an image names it.
 
 pycriu and crit are not installed where coldsnap runs, and only four fields matter, so this
-module reads and writes the protobuf wire format itself and keeps every byte of every entry it
-does not change. A changed `files.img` is written as a new file and renamed over the old name:
-a laid-out image is hard links to the store's objects, which must never change.
+module edits the entry with coldsnap's own wire-format codec (_images) and keeps every byte of
+every entry it does not change. A changed `files.img` is written as a new file and renamed over
+the old name: a laid-out image is hard links to the store's objects, which must never change.
 """
 
 from __future__ import annotations
@@ -26,6 +26,17 @@ from attrs import frozen
 from coldsnap._atomic import write_bytes_atomic
 
 from ._errors import BackendError
+from ._images import (
+    _LEN,
+    _VARINT,
+    Field,
+    _varint,
+    decode_message,
+    encode_message,
+    encode_varint,
+    join_image,
+    split_image,
+)
 
 FILES_IMAGE = "files.img"
 
@@ -35,11 +46,6 @@ _FILE_TYPE, _FILE_ISK, _INETSK = 1, 4, 4
 # src_port = 7; src_addr = 11 (repeated u32, the address's bytes as CRIU's memory holds them)}
 _ISK_FAMILY, _ISK_TYPE, _ISK_STATE, _ISK_SRC_PORT, _ISK_SRC_ADDR = 3, 4, 6, 7, 11
 _TCP_LISTEN = 10
-_VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
-
-Field = tuple[int, int, int | bytes]
-"""One field of a message as it is on the wire: number, wire type, value (an int for a varint,
-the raw bytes otherwise)."""
 
 
 class ImageEditError(BackendError):
@@ -71,69 +77,6 @@ class Listener:
     port: int
 
 
-# -- the wire format ----------------------------------------------------------------------------
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise ValueError("a varint runs past its message")
-        byte = data[pos]
-        value |= (byte & 0x7F) << shift
-        pos, shift = pos + 1, shift + 7
-        if not byte & 0x80:
-            return value, pos
-
-
-def encode_varint(value: int) -> bytes:
-    if value < 0:
-        raise ValueError(f"a varint is unsigned, got {value}")
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        out.append(low | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def decode_message(data: bytes) -> list[Field]:
-    """The fields of one message, in their order on the wire."""
-    fields: list[Field] = []
-    pos = 0
-    while pos < len(data):
-        key, pos = _varint(data, pos)
-        number, wire = key >> 3, key & 7
-        value: int | bytes
-        if wire == _VARINT:
-            value, pos = _varint(data, pos)
-        elif wire == _LEN:
-            size, pos = _varint(data, pos)
-            value, pos = data[pos : pos + size], pos + size
-        elif wire in (_FIXED64, _FIXED32):
-            size = 8 if wire == _FIXED64 else 4
-            value, pos = data[pos : pos + size], pos + size
-        else:
-            raise ValueError(f"field {number} has wire type {wire}, which no CRIU image uses")
-        if pos > len(data):
-            raise ValueError(f"field {number} runs past its message")
-        fields.append((number, wire, value))
-    return fields
-
-
-def encode_message(fields: list[Field]) -> bytes:
-    out = bytearray()
-    for number, wire, value in fields:
-        out += encode_varint(number << 3 | wire)
-        if wire == _VARINT:
-            out += encode_varint(int(value))  # type: ignore[arg-type]
-        elif isinstance(value, bytes):
-            out += (encode_varint(len(value)) if wire == _LEN else b"") + value
-        else:
-            raise ValueError(f"field {number}: wire type {wire} needs bytes, got {value!r}")
-    return bytes(out)
-
-
 def _first(fields: list[Field], number: int) -> int | bytes | None:
     return next((value for n, _, value in fields if n == number), None)
 
@@ -155,27 +98,6 @@ def _ints(fields: list[Field], number: int) -> list[int]:
 
 
 # -- files.img ----------------------------------------------------------------------------------
-
-
-def split_image(data: bytes) -> tuple[bytes, list[bytes]]:
-    """A CRIU image's magic words and its entries (each a serialized message)."""
-    if len(data) < 8:
-        raise ValueError("shorter than its magic words")
-    entries, pos = [], 8
-    while pos < len(data):
-        if pos + 4 > len(data):
-            raise ValueError(f"a truncated entry length at byte {pos}")
-        (size,) = struct.unpack_from("<I", data, pos)
-        pos += 4
-        if pos + size > len(data):
-            raise ValueError(f"the entry at byte {pos - 4} runs past the end")
-        entries.append(data[pos : pos + size])
-        pos += size
-    return data[:8], entries
-
-
-def join_image(magic: bytes, entries: list[bytes]) -> bytes:
-    return magic + b"".join(struct.pack("<I", len(e)) + e for e in entries)
 
 
 def _address(family: int, words: list[int]) -> str:

@@ -52,6 +52,7 @@ from coldsnap.plugin import plugin_digest
 
 from . import _engine_args
 from ._record import RECORD_NAME, CaptureRecord, read_record
+from ._verified import Seen, VerifiedObjects
 
 IMAGE_ROLE, IMAGE_PREFIX = "process-image", "image"
 PAYLOAD_ROLE, PAYLOAD_PREFIX = "payload", "payload"
@@ -68,8 +69,10 @@ class StoreArtifacts:
     name = "store"
     capabilities: frozenset[str] = frozenset()
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, verified: VerifiedObjects | None = None) -> None:
         self.engine = engine
+        # Objects this node verified in full are not re-hashed while their inode is unchanged.
+        self.verified = verified if verified is not None else VerifiedObjects()
 
     # -- capture ------------------------------------------------------------------------------
 
@@ -184,7 +187,7 @@ class StoreArtifacts:
         image = _link_tree(store, capsule.by_role(IMAGE_ROLE), IMAGE_PREFIX, dest)
         t0 = time.perf_counter()
         try:
-            verify_layout(capsule.by_role(IMAGE_ROLE), IMAGE_PREFIX, image)
+            verify_layout(capsule.by_role(IMAGE_ROLE), IMAGE_PREFIX, image, self.verified)
         except IntegrityError:
             shutil.rmtree(image, ignore_errors=True)  # no unverified image stays laid out
             raise
@@ -265,22 +268,33 @@ def _with_blocks(store: Store, members: list[Member]) -> list[Member]:
     return out
 
 
-def verify_layout(members: Iterable[Member], prefix: str, dest: Path) -> None:
+def verify_layout(
+    members: Iterable[Member], prefix: str, dest: Path, verified: VerifiedObjects | None = None
+) -> int:
     """Rehashes every member as laid out under `dest` (the bytes the driver will read: a hard
     link shares the store object's inode, a copy is what was copied) against the manifest: its
     size, then each block's sha256 (a member sealed with `blocks`) or its whole sha256. Blocks
     of every member are checked on VERIFY_THREADS threads (sha256 releases the GIL), so one
-    multi-GB pages image is checked on many cores. IntegrityError names every bad member."""
+    multi-GB pages image is checked on many cores. IntegrityError names every bad member.
+
+    With `verified`, a member laid out as the very inode, untouched, that this node already
+    verified is not hashed again, and members hashed now are remembered there (_verified).
+    Returns the bytes hashed."""
     todo = list(members)
     problems: dict[str, str] = {}
     tasks: list[tuple[Member, Path, int | None]] = []
+    hashed: list[tuple[Member, Path, Seen]] = []
     for member in todo:
         path = dest / member.name.removeprefix(prefix + "/")
+        if verified is not None and verified.unchanged(member.digest, path):
+            continue
         try:
-            size = os.stat(path, follow_symlinks=False).st_size
+            seen = Seen.of(path)
         except OSError as exc:
             problems[member.name] = f"member {member.name!r}: {exc.strerror}"
             continue
+        hashed.append((member, path, seen))
+        size = seen.size
         if size != member.size:
             problems[member.name] = (
                 f"member {member.name!r}: {size} bytes, the manifest says {member.size}"
@@ -310,6 +324,10 @@ def verify_layout(members: Iterable[Member], prefix: str, dest: Path) -> None:
             f"{len(problems)} of {len(todo)} members of the process image are damaged:\n  "
             + "\n  ".join(problems[name] for name in sorted(problems))
         )
+    if verified is not None:
+        for member, path, seen in hashed:
+            verified.remember(member.digest, path, seen)
+    return sum(seen.size for _, _, seen in hashed)
 
 
 def _threads(tasks: int) -> int:

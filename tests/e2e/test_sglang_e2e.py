@@ -5,6 +5,11 @@ One module, one server at a time, each stopped before the next starts:
 - for n610 and n580 x native and recovery: capture, then restore the one capsule twice (the
   second after the first is stopped); every restore answers like the cold server, token for
   token, and leaves no process behind;
+- the capsule is self-contained: before the second restore the whole store is moved to another
+  directory and the capture's workdir deleted. What the image could still need from that
+  workdir is its engine's log (the tree's stdout and stderr at dump): the drivers re-point it at
+  the restore's workdir (CRIU's --inherit-fd); any other file of it the image references is
+  named;
 - two restores of one capsule must not share a sampling stream (the product reseeds);
 - the n610 capsule of the small model (~254 MB of bf16 weights) leaves the weights out: its
   image is smaller than a dump of the same tree with its weights resident.
@@ -12,14 +17,18 @@ One module, one server at a time, each stopped before the next starts:
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 from attrs import frozen
 
 from coldsnap import Machine
+from coldsnap.backends._images import read_file_paths
+from coldsnap.backends._stdio import read_stdio_paths
 
 from .conftest import (
     answers,
@@ -71,6 +80,7 @@ class Restored:
     acceptance_tokens: list[int]
     sampled: tuple[int, ...]
     left_running: list[str]
+    not_portable: list[str]  # what ties a moved capsule to its old store or capture workdir
 
 
 @frozen
@@ -98,8 +108,21 @@ def variant(request: pytest.FixtureRequest, root: Path, tiny: Path) -> Variant:
         dirs, pids = watch(receipt)
         source_left = leftovers(dirs, pids)
         restores = []
+        store, workdir = base / "store", Path(capture.workdir).resolve()
         for attempt in range(2):
-            restore = restore_request(base, model, driver, provider, name, f"res-{attempt}")
+            not_portable: list[str] = []
+            if attempt == 1:  # the capsule alone: the store moved, the capture workdir gone
+                store = root / f"elsewhere-{name}" / "store"
+                store.parent.mkdir()
+                os.rename(base / "store", store)
+                shutil.rmtree(workdir)
+                not_portable += _links_out_of(store)
+                old = base / "store"
+                not_portable += [f"{p} names {old}" for p in _naming(store, old)]
+            restore = attrs.evolve(
+                restore_request(base, model, driver, provider, name, f"res-{attempt}"),
+                store=str(store),
+            )
             machine = Machine.for_request(restore)
             restored = machine.restore(restore)
             assert restored.ok, why(restored)
@@ -108,14 +131,62 @@ def variant(request: pytest.FixtureRequest, root: Path, tiny: Path) -> Variant:
             try:
                 url = restored.facts["engine_url"]
                 got, draw = answers(url), sampled(url)
+                if attempt == 1:
+                    not_portable += _needs_from(Path(restored.facts["image_dir"]), workdir)
+                    if not (Path(restore.workdir) / "engine.log").stat().st_size:
+                        not_portable.append("the restored engine writes nothing to its log")
             finally:
                 machine.stop(restored)
+            if attempt == 1 and workdir.exists():
+                not_portable.append("the restored engine wrote into the old capture workdir")
             restores.append(
-                Restored(got, restored.facts["acceptance_tokens"], draw, leftovers(dirs, pids))
+                Restored(
+                    got,
+                    restored.facts["acceptance_tokens"],
+                    draw,
+                    leftovers(dirs, pids),
+                    not_portable,
+                )
             )
         return Variant(name, receipt.facts["acceptance_tokens"], source_left, tuple(restores))
     finally:
         shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(root / f"elsewhere-{name}", ignore_errors=True)
+
+
+def _links_out_of(store: Path) -> list[str]:
+    """Symbolic links in the store that point outside it (or by an absolute path)."""
+    found = []
+    for path in store.rglob("*"):
+        if path.is_symlink():
+            target = os.readlink(path)
+            resolved = (path.parent / target).resolve()
+            if os.path.isabs(target) or not resolved.is_relative_to(store.resolve()):
+                found.append(f"{path} -> {target}")
+    return found
+
+
+def _naming(store: Path, old: Path) -> list[Path]:
+    """Files of the store (up to 1 MB: records, manifests, tags) that name the old store."""
+    needle = str(old).encode()
+    return [
+        p
+        for p in store.rglob("*")
+        if p.is_file() and p.stat().st_size < 1 << 20 and needle in p.read_bytes()
+    ]
+
+
+def _needs_from(images: Path, workdir: Path) -> list[str]:
+    """Files of the capture's workdir the laid-out image references, beyond its stdout and
+    stderr (the engine's log, which the drivers re-point at restore)."""
+    if not (images / "files.img").is_file():
+        return [f"no image laid out at {images}"]
+    stdio = read_stdio_paths(images)
+    problems = [f"stdout/stderr {p} is not the capture's log" for p in stdio
+                if Path(p).parent != workdir]  # fmt: skip
+    outside = {p for p in read_file_paths(images) if Path(p).is_relative_to(workdir)}
+    problems += [f"the image needs {p}" for p in sorted(outside - set(stdio))]
+    return problems
 
 
 def test_one_capsule_restores_twice_and_answers_like_a_cold_start(
@@ -126,6 +197,13 @@ def test_one_capsule_restores_twice_and_answers_like_a_cold_start(
         assert restored.answers == cold, f"restore {attempt}"
         assert restored.acceptance_tokens == variant.acceptance_tokens, f"restore {attempt}"
         assert not restored.left_running, f"restore {attempt} left processes running"
+
+
+def test_a_moved_store_restores_without_the_capture_workdir(variant: Variant) -> None:
+    """The second restore ran from the store moved elsewhere, the capture's workdir deleted;
+    its answers are checked with the others above."""
+    assert not variant.restores[0].not_portable
+    assert not variant.restores[1].not_portable, "; ".join(variant.restores[1].not_portable)
 
 
 def test_replicas_of_one_capsule_do_not_share_a_sampling_stream(variant: Variant) -> None:
