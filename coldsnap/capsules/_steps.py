@@ -171,12 +171,7 @@ class StoreArtifacts:
             if captured != wanted
         ]
         if wrong:
-            raise IncompatibleArtifact(
-                wrong,
-                f"capsule {request.artifact} was captured with other components than the request "
-                "names (expected: the capsule's, found: the request's):\n  "
-                + "\n  ".join(str(d) for d in wrong),
-            )
+            raise _mismatch(request.artifact, "was captured with other components", wrong)
         if capsule.identity is None:
             raise IncompatibleArtifact(
                 [], f"capsule {request.artifact} has no identity to check this runtime against"
@@ -243,12 +238,18 @@ def _check_request_binds(request: Any, identity: Identity, record: CaptureRecord
     if request.tp is not None and request.tp != identity.topology.tp:
         wrong.append(Difference("tp", identity.topology.tp, request.tp))
     if wrong:
-        raise IncompatibleArtifact(
-            wrong,
-            f"capsule {request.artifact} binds another model, topology or engine arguments "
-            "than the request names (expected: the capsule's, found: the request's):\n  "
-            + "\n  ".join(str(d) for d in wrong),
+        raise _mismatch(
+            request.artifact, "binds another model, topology or engine arguments", wrong
         )
+
+
+def _mismatch(artifact: str, what: str, wrong: list[Difference]) -> IncompatibleArtifact:
+    """The refusal naming each field the capsule and the request disagree on."""
+    return IncompatibleArtifact(
+        wrong,
+        f"capsule {artifact} {what} than the request names (expected: the capsule's, found: "
+        "the request's):\n  " + "\n  ".join(str(d) for d in wrong),
+    )
 
 
 VERIFY_THREADS = min(16, os.cpu_count() or 1)

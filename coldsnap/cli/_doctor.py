@@ -17,6 +17,7 @@ import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import attrs
 import click
@@ -26,6 +27,8 @@ from coldsnap._errors import ColdsnapError
 from coldsnap.backends import Criu, CudaCheckpoint, _probe
 
 from ._errors import ENVIRONMENT_MISSING, OK
+
+T = TypeVar("T")
 
 STATUS_OK, MISSING, NOT_APPLICABLE = "ok", "missing", "n/a"
 MIN_DRIVER = 580
@@ -93,31 +96,37 @@ def check_criu(host: Host) -> Finding:
     return _ok(f"CRIU {criu.version()} at {criu.binary}")
 
 
-def check_criu_check(host: Host) -> Finding:
+def _with_criu(
+    host: Host, probe: Callable[[Criu], T], *, prefix: str = "", failed: str = ""
+) -> T | Finding:
+    """What `probe` finds with this host's CRIU, run as root; or the Finding saying why it
+    could not run (`prefix` starts each such line, `failed` the line of a probe that raised)."""
     criu, _ = host.criu()
     if criu is None:
-        return _missing("not checked: no usable CRIU")
+        return _missing(f"{prefix}not checked: no usable CRIU")
     if (refused := _root()) is not None:
         return refused
     try:
-        verdict = criu.check()
+        return probe(criu)
     except (ColdsnapError, OSError, subprocess.SubprocessError) as exc:
-        return _missing(str(exc))
+        return _missing(f"{prefix}{failed}{exc}")
+
+
+def check_criu_check(host: Host) -> Finding:
+    verdict = _with_criu(host, lambda criu: criu.check())
+    if isinstance(verdict, Finding):
+        return verdict
     return _ok(f"criu check: {verdict}")
 
 
 def check_amx_patch(host: Host) -> Finding:
     if not _probe.cpu_has_amx():
         return Finding(NOT_APPLICABLE, "not needed (no AMX)")
-    criu, _ = host.criu()
-    if criu is None:
-        return _missing("AMX CPU; not checked: no usable CRIU")
-    if (refused := _root()) is not None:
-        return refused
-    try:
-        found = _probe.amx_restore_probe(criu)
-    except (ColdsnapError, OSError, subprocess.SubprocessError) as exc:
-        return _missing(f"AMX CPU; the dump/restore probe failed: {exc}")
+    found = _with_criu(
+        host, _probe.amx_restore_probe, prefix="AMX CPU; ", failed="the dump/restore probe failed: "
+    )
+    if isinstance(found, Finding):
+        return found
     if not found.asked:
         return _missing(
             f"AMX CPU, but the kernel refused the AMX tile-data request ({found.request}, "
@@ -145,15 +154,9 @@ def check_pid_restore(host: Host) -> Finding:
 
 
 def check_seccomp_filters(host: Host) -> Finding:
-    criu, _ = host.criu()
-    if criu is None:
-        return _missing("not checked: no usable CRIU")
-    if (refused := _root()) is not None:
-        return refused
-    try:
-        supported = _probe.criu_feature(criu, "seccomp_filters")
-    except (ColdsnapError, OSError, subprocess.SubprocessError) as exc:
-        return _missing(str(exc))
+    supported = _with_criu(host, lambda criu: _probe.criu_feature(criu, "seccomp_filters"))
+    if isinstance(supported, Finding):
+        return supported
     if supported:
         return _ok("CRIU can dump seccomp filters (criu check --feature seccomp_filters)")
     return _missing("criu check --feature seccomp_filters fails")

@@ -65,10 +65,14 @@ def print_event(event: StepEvent) -> None:
         )
 
 
-def _workdir(store: Path, operation: str, name: str) -> str:
-    """A fresh workdir beside the store, under STORE/../ops (created by the caller)."""
+def _workdir(given: Path | None, store: Path, operation: str, name: str) -> str:
+    """The workdir the user gave, or a fresh one beside the store, under STORE/../ops."""
+    if given:
+        return str(given.expanduser().absolute())
+    ops = store.parent / "ops"
+    ops.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    return str(store.parent / "ops" / f"{operation}-{name}-{stamp}-{uuid.uuid4().hex[:6]}")
+    return str(ops / f"{operation}-{name}-{stamp}-{uuid.uuid4().hex[:6]}")
 
 
 def _tag_of(text: str) -> str:
@@ -184,14 +188,11 @@ def _capture_request(
         model = ModelRef(id=model_id or line.model_path, revision=revision)
     store = store.expanduser().absolute()
     tag = name or _tag_of(Path(model.id).name)
-    (store.parent / "ops").mkdir(parents=True, exist_ok=True)  # where default workdirs go
     return CaptureRequest(
         driver=driver,
         provider=provider,
         model=model,
-        workdir=str(workdir.expanduser().absolute())
-        if workdir
-        else _workdir(store, "capture", tag),
+        workdir=_workdir(workdir, store, "capture", tag),
         store=str(store),
         name=tag,
         engine_args=line.engine_args,
@@ -359,14 +360,11 @@ def _restore_request(
     elif provider == "recovery" or driver == "n580":
         model = ModelRef(id=record.model_id, revision=record.revision)  # from the HF cache
     tag = _tag_of(target.removeprefix("sha256:")[:12] if target.startswith("sha256:") else target)
-    (store.parent / "ops").mkdir(exist_ok=True)  # where default workdirs go
     return RestoreRequest(
         driver=driver,
         provider=provider,
         artifact=target,
-        workdir=str(workdir.expanduser().absolute())
-        if workdir
-        else _workdir(store, "restore", tag),
+        workdir=_workdir(workdir, store, "restore", tag),
         store=str(store),
         model=model,
         engine=record.engine,
