@@ -63,10 +63,16 @@ def main() -> int:
     parser.add_argument("--size", default="tiny", choices=("tiny", "small"))
     parser.add_argument("--provider", default="native", choices=("native", "recovery"))
     parser.add_argument("--no-drop-caches", action="store_true")
+    parser.add_argument(
+        "--drivers", default=",".join(DRIVERS), help="comma-separated subset of n610,n580"
+    )
     parser.add_argument("--json", type=Path, help="write every measurement here")
     args = parser.parse_args()
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    drivers = tuple(d for d in args.drivers.split(",") if d)
+    if not drivers or set(drivers) - set(DRIVERS):
+        parser.error(f"--drivers: {args.drivers!r} is not a subset of {','.join(DRIVERS)}")
 
     problem = ready_host()
     if problem:
@@ -84,7 +90,7 @@ def main() -> int:
         print(f"model: llama {args.size}, {info.weight_bytes / 1e6:.1f} MB of bf16 weights")
         reference = cold_start(info.path, root / "logs" / "cold-ref.log")
         print(f"reference cold start (untimed warm-up): {reference.seconds:.2f} s")
-        for driver in DRIVERS:
+        for driver in drivers:
             request = CaptureRequest(
                 driver=driver,
                 provider=args.provider,
@@ -124,7 +130,7 @@ def main() -> int:
                 row["cold"] = cold_start(info.path, root / "logs" / f"cold-{condition}-{run}.log")
                 if row["cold"].tokens != reference.tokens:
                     raise DemoError(f"cold starts disagree: {row['cold'].tokens}")
-                for driver in DRIVERS:
+                for driver in drivers:
                     if drop:
                         drop_caches()
                     row[driver] = _restore(
@@ -136,11 +142,11 @@ def main() -> int:
                     + "  ".join(
                         f"{d} {row[d]['seconds']:5.2f} s "
                         f"(verify image {row[d]['verify_image']:.3f} s)"
-                        for d in DRIVERS
+                        for d in drivers
                     )
                     + f"  (load {row['load']})"
                 )
-        _report(results, conditions)
+        _report(results, conditions, drivers)
         results["load_end"] = os.getloadavg()
         print(f"load average at end {load()}")
         if args.json:
@@ -171,7 +177,9 @@ def _restore(
     return {"seconds": answer.seconds, "steps": receipt.timings(), "verify_image": verify}
 
 
-def _report(results: dict[str, Any], conditions: list[tuple[str, bool]]) -> None:
+def _report(
+    results: dict[str, Any], conditions: list[tuple[str, bool]], drivers: tuple[str, ...]
+) -> None:
     print()
     print(
         f"{'':24}{'cold (s)':>10}{'restore (s)':>13}{'ratio':>8}   restore min-max (s)"
@@ -181,6 +189,8 @@ def _report(results: dict[str, Any], conditions: list[tuple[str, bool]]) -> None
         rows = [r for r in results["rows"] if r["condition"] == condition]
         cold = statistics.median(r["cold"].seconds for r in rows)
         for label, driver in (("P1 n610", "n610"), ("P2 n580", "n580")):
+            if driver not in drivers:
+                continue
             times = [r[driver]["seconds"] for r in rows]
             median = statistics.median(times)
             verify = statistics.median(r[driver]["verify_image"] for r in rows)
@@ -199,7 +209,7 @@ def _report(results: dict[str, Any], conditions: list[tuple[str, bool]]) -> None
     print()
     print("restore steps, median seconds (steps over 10 ms):")
     for condition, _ in conditions:
-        for driver in DRIVERS:
+        for driver in drivers:
             steps: dict[str, list[float]] = {}
             for row in results["rows"]:
                 if row["condition"] == condition:

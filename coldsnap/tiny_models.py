@@ -6,6 +6,12 @@ byte-level BPE tokenizer trained here on a fixed corpus. Everything is a pure fu
 started on either gives the same tokens.
 
     info = build_model(tmp_path / "m", arch="llama", size="tiny", seed=0)
+
+`tied=True` builds a Llama whose LM head is its embedding (`tie_word_embeddings`): the
+checkpoint then has no `lm_head.weight`, and besides it the model holds tensors no checkpoint
+has (SGLang's rotary `cos_sin_cache`, a non-persistent buffer) that must come back after a
+recovery. Its matrices are drawn larger so that its greedy answers depend on attention, and so
+on that cache (Qwen3 builds are always tied, and unchanged).
 """
 
 from __future__ import annotations
@@ -60,22 +66,32 @@ class ModelInfo:
     weight_bytes: int  # bytes of tensor data in model.safetensors
     vocab_size: int
     eos_token_id: int
+    tied: bool = False  # the LM head is the embedding; the checkpoint omits lm_head.weight
 
 
 def build_model(
-    dest: str | Path, arch: str = "llama", size: str = "tiny", seed: int = 0
+    dest: str | Path, arch: str = "llama", size: str = "tiny", seed: int = 0, *, tied: bool = False
 ) -> ModelInfo:
-    """Writes a random checkpoint to `dest` (created; must be empty or hold the same build)."""
+    """Writes a random checkpoint to `dest` (created; must be empty or hold the same build).
+    `tied` ties a Llama's LM head to its embedding (Qwen3 is always tied)."""
     if arch not in ARCHS:
         raise ValueError(f"arch {arch!r} is not one of {', '.join(ARCHS)}")
     if size not in SIZES:
         raise ValueError(f"size {size!r} is not one of {', '.join(SIZES)}")
     dest = Path(dest)
     cached = _read_info(dest)
-    if cached is not None and (cached.arch, cached.size, cached.seed) == (arch, size, seed):
+    tied = tied or arch == "qwen3"
+    if cached is not None and (cached.arch, cached.size, cached.seed, cached.tied) == (
+        arch,
+        size,
+        seed,
+        tied,
+    ):
         return cached
     if dest.exists() and any(dest.iterdir()):
-        raise FileExistsError(f"{dest} is not empty and holds no build of ({arch}, {size}, {seed})")
+        raise FileExistsError(
+            f"{dest} is not empty and holds no build of ({arch}, {size}, {seed}, tied={tied})"
+        )
     dest.parent.mkdir(parents=True, exist_ok=True)
 
     _ready_cpu_imports()
@@ -84,9 +100,17 @@ def build_model(
     # is renamed into place: a failed build leaves nothing behind.
     tokenizer = _train_tokenizer(shape.vocab)
     config = _config(
-        arch, shape, eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id
+        arch,
+        shape,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        tied=tied,
     )
-    tensors = _random_weights(config, seed)
+    # Tied to a 0.02-scale embedding, the LM head would pick the last input token again and
+    # again, whatever attention (and so the rotary cache) did: draw a tied Llama's matrices
+    # larger, so that the layers decide the answer. Other builds are unchanged.
+    scale = 0.2 if arch == "llama" and tied else 0.02
+    tensors = _random_weights(config, seed, scale=scale)
     info = ModelInfo(
         path=dest,
         arch=arch,
@@ -97,6 +121,7 @@ def build_model(
         weight_bytes=sum(t.numel() * t.element_size() for t in tensors.values()),
         vocab_size=shape.vocab,
         eos_token_id=int(tokenizer.eos_token_id),
+        tied=tied,
     )
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     tmp.chmod(0o755)
@@ -124,7 +149,7 @@ def _ready_cpu_imports() -> None:
         activate()
 
 
-def _config(arch: str, s: _Size, *, eos_token_id: int, bos_token_id: int) -> Any:
+def _config(arch: str, s: _Size, *, eos_token_id: int, bos_token_id: int, tied: bool) -> Any:
     common: dict[str, Any] = dict(
         hidden_size=s.hidden,
         intermediate_size=s.intermediate,
@@ -141,7 +166,7 @@ def _config(arch: str, s: _Size, *, eos_token_id: int, bos_token_id: int) -> Any
     if arch == "llama":
         from transformers import LlamaConfig
 
-        cfg = LlamaConfig(tie_word_embeddings=False, **common)
+        cfg = LlamaConfig(tie_word_embeddings=tied, **common)
         cfg.architectures = ["LlamaForCausalLM"]
     else:
         from transformers import Qwen3Config
@@ -153,8 +178,9 @@ def _config(arch: str, s: _Size, *, eos_token_id: int, bos_token_id: int) -> Any
     return cfg
 
 
-def _random_weights(config: Any, seed: int) -> dict[str, Any]:
-    """Draws every tensor from one seeded generator, in sorted name order."""
+def _random_weights(config: Any, seed: int, *, scale: float = 0.02) -> dict[str, Any]:
+    """Draws every tensor from one seeded generator, in sorted name order (matrices with
+    standard deviation `scale`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -171,7 +197,7 @@ def _random_weights(config: Any, seed: int) -> dict[str, Any]:
             # RMSNorm gains near 1 keep activations in range through the layers.
             t = 1.0 + 0.1 * torch.randn(shape, generator=gen)
         else:
-            t = 0.02 * torch.randn(shape, generator=gen)
+            t = scale * torch.randn(shape, generator=gen)
         out[name] = t.to(torch.bfloat16).contiguous()
     return out
 
@@ -247,5 +273,6 @@ def _read_info(dest: Path) -> ModelInfo | None:
         return None
     fields = {f.name for f in attrs.fields(ModelInfo)}
     data = {k: v for k, v in record.items() if k in fields}
+    data.setdefault("tied", data.get("arch") == "qwen3")  # builds from before the field
     data["path"] = dest
     return ModelInfo(**data)

@@ -102,7 +102,12 @@ t = time.perf_counter()
 for name in (*SGLangLauncher.template_preload, *(SGLangLauncher.forkserver_preload or ())):
     importlib.import_module(name)
 maps = [l.split()[-1] for l in open("/proc/self/maps") if "/dev/nvidia" in l]
-fds = [os.readlink(f"/proc/self/fd/{f}") for f in os.listdir("/proc/self/fd")]
+def _target(fd):
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except FileNotFoundError:  # the listing's own descriptor, closed by now
+        return ""
+fds = [_target(f) for f in os.listdir("/proc/self/fd")]
 print(f"imports {time.perf_counter() - t:.1f} s; nvidia maps {sorted(set(maps))};",
       f"nvidia fds {[f for f in fds if 'nvidia' in f]}")
 EOF

@@ -80,9 +80,40 @@ class SnapshotDriver:
     version: str = field(validator=v.text)
 
 
+def _sizes(value: object) -> tuple[int, ...]:
+    """Sorted positive integers; ValueError naming the field otherwise."""
+    items = tuple(value) if isinstance(value, list | tuple) else None
+    if items is None or not all(type(n) is int and n > 0 for n in items):
+        raise ValueError(f"shapes: expected a list of positive integers, got {value!r}")
+    return tuple(sorted(items))
+
+
+@frozen
+class PhaseCoverage:
+    """One graph phase of a capture: SGLang's backend and the shapes warmed before the snapshot
+    (decode: batch sizes; prefill: token counts); none when the phase runs eagerly."""
+
+    backend: str = field(validator=v.text)
+    shapes: tuple[int, ...] = field(converter=_sizes)
+
+
+@frozen
+class ShapeCoverage:
+    """The graph shapes the captured process holds warm, as the engine's plugin published them
+    (each phase's warmed shapes equal to the engine's own plan, or the capture failed)."""
+
+    device: str = field(validator=v.text)
+    decode: PhaseCoverage
+    prefill: PhaseCoverage
+
+
 @frozen
 class Identity:
-    """Everything a capture binds. Compare two with `check_compatible`."""
+    """Everything a capture binds. Compare two with `check_compatible`.
+
+    draft: the speculative decoding draft model the engine serves with (None without one);
+    shapes: the graph shapes warmed before the snapshot (None where the engine published none).
+    """
 
     KIND: ClassVar[str] = "coldsnap.identity"
 
@@ -92,5 +123,7 @@ class Identity:
     topology: Topology
     platform: Platform
     snapshot: SnapshotDriver
+    draft: ModelBinding | None = None
+    shapes: ShapeCoverage | None = None
     format: int = field(default=IDENTITY_FORMAT, validator=v.exactly(IDENTITY_FORMAT))
     kind: str = field(default=KIND, validator=v.exactly(KIND))

@@ -210,6 +210,12 @@ def _norm(host: str) -> str:
     return "127.0.0.1" if host == "localhost" else host
 
 
+def dial_host(host: str) -> str:
+    """The address a client on this host dials to reach a socket bound to `host`: a wildcard
+    bind is reached on the loopback."""
+    return "127.0.0.1" if _norm(host) in ("0.0.0.0", "") else _norm(host)
+
+
 __all__ = [
     "FILES_IMAGE",
     "ImageEditError",
@@ -217,6 +223,7 @@ __all__ = [
     "PortInUse",
     "check_port_free",
     "decode_message",
+    "dial_host",
     "encode_message",
     "encode_varint",
     "join_image",

@@ -121,9 +121,11 @@ def describe_pid(pid: int) -> str:
 
 
 def check_pids_free(pids: Iterable[int]) -> None:
-    """Raises PidCollision for the first PID in use, naming what holds it."""
+    """Raises PidCollision for the first PID in use, naming what holds it. A zombie child of
+    ours is reaped first: an orchestrator is a subreaper, so a restored tree that another
+    process stopped (`coldsnap stop`) ends as its zombies, which would hold the image's PIDs."""
     for pid in sorted(set(pids)):
-        if pid_exists(pid):
+        if pid_exists(pid) and reap(pid) is None:
             raise PidCollision(pid, describe_pid(pid))
 
 

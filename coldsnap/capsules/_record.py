@@ -22,10 +22,14 @@ class CaptureRecord:
     them without reading them.
 
     Format 2 binds `engine_args` (admission compares them with the restore's, see
-    coldsnap.capsules._engine_args); a format-1 record cannot be checked and is refused."""
+    coldsnap.capsules._engine_args); a format-1 record cannot be checked and is refused.
+    Format 3 adds where the user's own launch command line served (`serve_port`,
+    `serve_host`), where a restore serves by default; a format-2 record is still read (it has
+    neither)."""
 
     KIND: ClassVar[str] = "coldsnap.capture-record"
-    FORMAT: ClassVar[int] = 2
+    FORMAT: ClassVar[int] = 3
+    READS: ClassVar[tuple[int, ...]] = (2, 3)
 
     driver: str = field(validator=v.text)
     provider: str = field(validator=v.text)
@@ -34,8 +38,14 @@ class CaptureRecord:
     revision: str
     facts: dict[str, Any]
     engine_args: tuple[str, ...] = ()
-    format: int = field(default=FORMAT, validator=v.exactly(FORMAT))
+    serve_port: int | None = None
+    serve_host: str | None = None
+    format: int = field(default=FORMAT, validator=v.one_of(READS))
     kind: str = field(default=KIND, validator=v.exactly(KIND))
+
+    def __attrs_post_init__(self) -> None:
+        if self.format < 3 and (self.serve_port is not None or self.serve_host is not None):
+            raise ValueError(f"serve_port: a format-{self.format} record cannot carry it")
 
 
 def _strict_args(value: Any, _: Any) -> tuple[str, ...]:

@@ -13,9 +13,10 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from coldsnap.artifacts import (
     Member,
     ModelBinding,
     RecordError,
+    ShapeCoverage,
     SnapshotDriver,
     Store,
     StoreError,
@@ -43,6 +45,7 @@ from coldsnap.artifacts import (
     check_compatible,
     checkpoint_digests,
     collect_platform,
+    from_json,
     record_digest,
     to_json,
 )
@@ -83,11 +86,15 @@ class StoreArtifacts:
         before, are recorded before publishing: a rollback must know what it owns."""
         request = ctx.request
         store = Store(request.store)
-        members = _adopt_tree(store, Path(ctx.facts[s.IMAGE_DIR.name]), IMAGE_ROLE, IMAGE_PREFIX)
-        members = _with_blocks(store, members)  # what admission checks, on many cores
+        image = Path(ctx.facts[s.IMAGE_DIR.name])
         payload = ctx.facts.get(s.PAYLOAD_DIR.name)  # made only by a provider with a payload
+        trees = [image, *([Path(payload)] if payload is not None else [])]
+        sealed = _Meter(ctx, "sealed", sum(_tree_bytes(t) for t in trees))
+        members = _adopt_tree(store, image, IMAGE_ROLE, IMAGE_PREFIX, sealed)
+        blocks = _Meter(ctx, "hashed image blocks", sum(m.size for m in members))
+        members = _with_blocks(store, members, blocks)  # what admission checks, on many cores
         if payload is not None:
-            members += _adopt_tree(store, Path(payload), PAYLOAD_ROLE, PAYLOAD_PREFIX)
+            members += _adopt_tree(store, Path(payload), PAYLOAD_ROLE, PAYLOAD_PREFIX, sealed)
         record = CaptureRecord(
             driver=request.driver,
             provider=request.provider,
@@ -96,6 +103,8 @@ class StoreArtifacts:
             revision=request.model.revision,
             facts=carried_facts(ctx),
             engine_args=tuple(request.engine_args),
+            serve_port=getattr(request, "serve_port", None),  # older doubles lack them
+            serve_host=getattr(request, "serve_host", None),
         )
         data = to_json(record)
         members.append(Member(RECORD_ROLE, RECORD_NAME, store.put_bytes(data), len(data)))
@@ -134,21 +143,22 @@ class StoreArtifacts:
         checkpoint = checkpoint_digests(model.path)
         indexes = [m for m in members if m.role == PAYLOAD_ROLE and m.name.endswith("index.json")]
         layout = indexes[0].digest if indexes else _files_digest(checkpoint)
-        config = _model_config(Path(model.path))
-        return capture_identity(
+        identity = capture_identity(
             engine=EngineBuild(engine, version, contract),
             plugin_digest=plugin_digest(),
-            model=ModelBinding(
-                model.id,
-                model.revision,
-                checkpoint,
-                str(config.get("torch_dtype") or config.get("dtype") or "unspecified"),
-                str((config.get("quantization_config") or {}).get("quant_method", "none")),
-                layout,
-            ),
+            model=_binding(model, checkpoint, layout),
             topology=Topology(request.tp, 1, 0, request.tp),
             snapshot=SnapshotDriver(request.driver, coldsnap.__version__),
         )
+        draft = getattr(request, "draft", None)  # older doubles lack it
+        if draft is not None:
+            draft_files = checkpoint_digests(draft.path)
+            identity = attrs.evolve(identity, draft=_binding(draft, draft_files, None))
+        coverage = ctx.facts.get(s.SHAPE_COVERAGE.name)
+        if coverage is not None:
+            shapes = from_json(coverage, ShapeCoverage)  # RecordError names a malformed field
+            identity = attrs.evolve(identity, shapes=shapes)
+        return identity
 
     # -- restore ------------------------------------------------------------------------------
 
@@ -181,8 +191,10 @@ class StoreArtifacts:
         dest = ctx.workdir / LAYOUT_IMAGE
         image = _link_tree(store, capsule.by_role(IMAGE_ROLE), IMAGE_PREFIX, dest)
         t0 = time.perf_counter()
+        members = capsule.by_role(IMAGE_ROLE)
+        meter = _Meter(ctx, "verified", sum(m.size for m in members))
         try:
-            verify_layout(capsule.by_role(IMAGE_ROLE), IMAGE_PREFIX, image, self.verified)
+            verify_layout(members, IMAGE_PREFIX, image, self.verified, meter)
         except IntegrityError:
             shutil.rmtree(image, ignore_errors=True)  # no unverified image stays laid out
             raise
@@ -194,6 +206,10 @@ class StoreArtifacts:
             s.IMAGE_DIR.name: str(image),
             s.CAPSULE_CHECKPOINT.name: {
                 f.name: f.sha256 for f in capsule.identity.model.checkpoint
+            },
+            s.CAPSULE_DRAFT_CHECKPOINT.name: {
+                f.name: f.sha256
+                for f in (capsule.identity.draft.checkpoint if capsule.identity.draft else ())
             },
         }
         payload = capsule.by_role(PAYLOAD_ROLE)
@@ -218,6 +234,8 @@ class StoreArtifacts:
             topology=captured.topology,
             platform=collect_platform(),
             snapshot=SnapshotDriver(ctx.request.driver, coldsnap.__version__),
+            draft=captured.draft,  # the request's draft is checked by _check_request_binds
+            shapes=captured.shapes,  # what the image holds warm: a fact of the capture
         )
 
 
@@ -237,10 +255,29 @@ def _check_request_binds(request: Any, identity: Identity, record: CaptureRecord
                 wrong.append(Difference(name, captured, wanted))
     if request.tp is not None and request.tp != identity.topology.tp:
         wrong.append(Difference("tp", identity.topology.tp, request.tp))
+    wrong += _draft_differences(identity.draft, getattr(request, "draft", None))
     if wrong:
         raise _mismatch(
             request.artifact, "binds another model, topology or engine arguments", wrong
         )
+
+
+def _draft_differences(captured: ModelBinding | None, draft: Any) -> list[Difference]:
+    """A draft the restore request names must be the captured one (id and revision); a
+    request naming none takes the captured draft (n610 holds it; a recovery then refuses to
+    reload a draft it has no path for)."""
+    if draft is None:
+        return []
+    if captured is None:
+        return [Difference("draft", None, f"{draft.id}@{draft.revision}")]
+    return [
+        Difference(f"draft.{name}", want, have)
+        for name, want, have in (
+            ("id", captured.model_id, draft.id),
+            ("revision", captured.revision, draft.revision),
+        )
+        if want != have
+    ]
 
 
 def _mismatch(artifact: str, what: str, wrong: list[Difference]) -> IncompatibleArtifact:
@@ -256,11 +293,40 @@ VERIFY_THREADS = min(16, os.cpu_count() or 1)
 _CHUNK = 8 << 20
 
 
-def _with_blocks(store: Store, members: list[Member]) -> list[Member]:
+class _Meter:
+    """Bytes done of `total`, shown through the step's context as they grow (from any
+    thread): what an operator watching a multi-GB seal or verification sees."""
+
+    def __init__(self, ctx: StepContext, what: str, total: int) -> None:
+        self._ctx, self._what, self._total, self._done = ctx, what, total, 0
+        self._started = time.monotonic()
+        self._lock = threading.Lock()
+
+    def __call__(self, n: int) -> None:
+        with self._lock:
+            self._done += n
+            self._ctx.advance(self._what, self._done, self._total, self._started)
+
+
+def _tree_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.is_dir() else 0
+
+
+def _with_blocks(
+    store: Store, members: list[Member], meter: Callable[[int], None] | None = None
+) -> list[Member]:
     """The members with the sha256 of each BLOCK_BYTES block, hashed in parallel."""
     tasks = [(m, b) for m in members for b in range(-(-m.size // BLOCK_BYTES))]
+
+    def one(task: tuple[Member, int]) -> str:
+        member, block = task
+        digest = _hash_block(store.path(member.digest), block)
+        if meter is not None:
+            meter(min(BLOCK_BYTES, member.size - block * BLOCK_BYTES))
+        return digest
+
     with ThreadPoolExecutor(_threads(len(tasks)), "coldsnap-blocks") as pool:
-        digests = list(pool.map(lambda t: _hash_block(store.path(t[0].digest), t[1]), tasks))
+        digests = list(pool.map(one, tasks))
     out, i = [], 0
     for member in members:
         n = -(-member.size // BLOCK_BYTES)
@@ -270,7 +336,11 @@ def _with_blocks(store: Store, members: list[Member]) -> list[Member]:
 
 
 def verify_layout(
-    members: Iterable[Member], prefix: str, dest: Path, verified: VerifiedObjects | None = None
+    members: Iterable[Member],
+    prefix: str,
+    dest: Path,
+    verified: VerifiedObjects | None = None,
+    meter: Callable[[int], None] | None = None,
 ) -> int:
     """Rehashes every member as laid out under `dest` (the bytes the driver will read: a hard
     link shares the store object's inode, a copy is what was copied) against the manifest: its
@@ -280,7 +350,8 @@ def verify_layout(
 
     With `verified`, a member laid out as the very inode, untouched, that this node already
     verified is not hashed again, and members hashed now are remembered there (_verified).
-    Returns the bytes hashed."""
+    `meter` is told the bytes of each piece checked (or skipped as already verified). Returns
+    the bytes hashed."""
     todo = list(members)
     problems: dict[str, str] = {}
     tasks: list[tuple[Member, Path, int | None]] = []
@@ -288,6 +359,8 @@ def verify_layout(
     for member in todo:
         path = dest / member.name.removeprefix(prefix + "/")
         if verified is not None and verified.unchanged(member.digest, path):
+            if meter is not None:
+                meter(member.size)
             continue
         try:
             seen = Seen.of(path)
@@ -309,12 +382,15 @@ def verify_layout(
         member, path, block = task
         if block is None:
             found = _hash_file(path)
-            if found != member.digest:
-                return member.name, f"its bytes hash to {found}, not {member.digest}"
-            return None
-        if _hash_block(path, block) != member.blocks[block]:
-            return member.name, f"block {block} (bytes from {block * BLOCK_BYTES}) differs"
-        return None
+            bad = found != member.digest
+            done, why = member.size, f"its bytes hash to {found}, not {member.digest}"
+        else:
+            bad = _hash_block(path, block) != member.blocks[block]
+            done = min(BLOCK_BYTES, member.size - block * BLOCK_BYTES)
+            why = f"block {block} (bytes from {block * BLOCK_BYTES}) differs"
+        if meter is not None:
+            meter(done)
+        return (member.name, why) if bad else None
 
     with ThreadPoolExecutor(_threads(len(tasks)), "coldsnap-verify") as pool:
         for bad in pool.map(one, tasks):
@@ -370,9 +446,12 @@ def carried_facts(ctx: StepContext) -> dict[str, Any]:
     }
 
 
-def _adopt_tree(store: Store, root: Path, role: str, prefix: str) -> list[Member]:
+def _adopt_tree(
+    store: Store, root: Path, role: str, prefix: str, meter: Callable[[int], None] | None = None
+) -> list[Member]:
     """Moves every file under `root` into the store without copying its bytes; a file on
-    another filesystem than the store (which `Store.adopt` refuses) is copied in instead."""
+    another filesystem than the store (which `Store.adopt` refuses) is copied in instead.
+    `meter` is told each file's bytes once it is in (hashed, or copied and hashed)."""
     if not root.is_dir():
         raise StoreError(f"{root} is not a directory: nothing to seal as {role}")
     store_device = os.stat(store.root).st_dev
@@ -382,6 +461,8 @@ def _adopt_tree(store: Store, root: Path, role: str, prefix: str) -> list[Member
         digest = store.adopt(path) if st.st_dev == store_device else store.put_file(path)
         name = f"{prefix}/{path.relative_to(root).as_posix()}"
         members.append(Member(role, name, digest, st.st_size))
+        if meter is not None:
+            meter(st.st_size)
     return members
 
 
@@ -410,6 +491,21 @@ def _read_record(store: Store, capsule: Capsule, artifact: str) -> CaptureRecord
     if not records:
         raise RecordError(f"capsule {artifact}", [("members", f"no {RECORD_NAME} member")])
     return read_record(store.read_bytes(records[0].digest))
+
+
+def _binding(model: Any, checkpoint: tuple[FileDigest, ...], layout: str | None) -> ModelBinding:
+    """What a capsule binds of one model (the target, or a speculative draft): its pinned
+    files, dtype and quantization, and its tensors' layout (the checkpoint's files without a
+    payload index)."""
+    config = _model_config(Path(model.path))
+    return ModelBinding(
+        model.id,
+        model.revision,
+        checkpoint,
+        str(config.get("torch_dtype") or config.get("dtype") or "unspecified"),
+        str((config.get("quantization_config") or {}).get("quant_method", "none")),
+        layout or _files_digest(checkpoint),
+    )
 
 
 def _model_config(path: Path) -> dict[str, Any]:

@@ -4,7 +4,8 @@ size (the request's `tp`, from which the launcher sets --tp-size) and the engine
 unchanged and in their order.
 
 coldsnap owns only where the engine listens: `--host` and `--port` are taken out (the capture
-serves on 127.0.0.1 at a port coldsnap picks; a restore serves where it is told). A flag that
+serves on 127.0.0.1 at a port coldsnap picks) and kept in the capsule, where a restore serves
+unless told otherwise. A flag that
 coldsnap cannot honour is refused by name, with why; every other flag goes to the engine as
 written. Nothing here starts anything or reads a file.
 """
@@ -24,6 +25,8 @@ MODULE = "sglang.launch_server"
 _MODEL = ("--model-path", "--model")
 _TP = ("--tp-size", "--tp", "--tensor-parallel-size")
 _OWNED = ("--host", "--port")
+_DRAFT = ("--speculative-draft-model-path", "--speculative-draft-model-revision")
+"""The draft model becomes the request's `draft` (the capsule binds it)."""
 _ONE = {
     "--pp-size": "a capsule holds one pipeline stage",
     "--pipeline-parallel-size": "a capsule holds one pipeline stage",
@@ -44,7 +47,7 @@ _REFUSED = {
     "--dist-init-addr": "a capsule holds the processes of one host",
 }
 """Flags coldsnap cannot honour at all, with why."""
-_VALUED = (*_MODEL, *_TP, *_OWNED, *_ONE, "--config", "--api-key", "--ssl-keyfile",
+_VALUED = (*_MODEL, *_TP, *_OWNED, *_DRAFT, *_ONE, "--config", "--api-key", "--ssl-keyfile",
            "--ssl-certfile", "--node-rank", "--dist-init-addr")  # fmt: skip
 """Flags read here that take a value (as `--flag value` or `--flag=value`)."""
 _PYTHON = re.compile(r"^python(3(\.\d+)?)?$")
@@ -68,6 +71,9 @@ class LaunchLine:
     """The user's --port, which coldsnap does not use at capture (None when not given)."""
     program: str
     """How the command started: `python -m sglang.launch_server` or `sglang serve`."""
+    draft_path: str | None = None
+    """The speculative draft model (--speculative-draft-model-path), if any."""
+    draft_revision: str | None = None
 
 
 def _flags(argv: Sequence[str]) -> list[tuple[str, str | None, list[str]]]:
@@ -123,6 +129,7 @@ def parse_launch(argv: Sequence[str]) -> LaunchLine:
     program, rest = _program(argv)
     model: str | None = None
     tp, host, port = 1, None, None
+    draft: dict[str, str | None] = {}
     kept: list[str] = []
     problems: list[tuple[str, str]] = []
     for flag, value, tokens in _flags(rest):
@@ -132,6 +139,8 @@ def parse_launch(argv: Sequence[str]) -> LaunchLine:
             host = value
         elif flag == "--port":
             port = _int(flag, value or "")
+        elif flag in _DRAFT:
+            draft[flag] = value
         elif flag in _REFUSED:
             problems.append((flag, f"cannot be captured: {_REFUSED[flag]}"))
         elif flag in _ONE and _int(flag, value or "") != 1:
@@ -144,18 +153,20 @@ def parse_launch(argv: Sequence[str]) -> LaunchLine:
         problems.append(("--model-path", "is missing: the command line must name the model"))
     if problems:
         raise CommandLineError(problems)
+    if "--speculative-draft-model-revision" in draft and _DRAFT[0] not in draft:
+        raise CommandLineError([(_DRAFT[1], f"needs {_DRAFT[0]}")])
     assert model is not None
-    return LaunchLine(model, tp, tuple(kept), host, port, program)
+    return LaunchLine(model, tp, tuple(kept), host, port, program, draft.get(_DRAFT[0]),
+                      draft.get(_DRAFT[1]))  # fmt: skip
 
 
 def notice(line: LaunchLine) -> str:
     """What coldsnap changes in the user's command line, for stderr."""
     text = "the capture serves on 127.0.0.1 at a free port coldsnap picks (--host and --port are "
     text += "coldsnap's)"
-    if line.port is not None:
-        text += f"; restore with --port {line.port} to serve where your command line asks"
-    if line.host is not None and line.host not in ("127.0.0.1", "localhost"):
-        text += f"; your --host {line.host} is not used: restored engines listen on 127.0.0.1"
+    if line.port is not None or line.host is not None:
+        where = f"{line.host or '127.0.0.1'}:{line.port or '(the capture port)'}"
+        text += f"; restores serve on your {where} unless given --host/--port"
     return text
 
 

@@ -51,20 +51,22 @@ def say(message: str) -> None:
     click.echo(f"coldsnap: {first}", err=True)
 
 
-def finish(receipt: Receipt, extra: Mapping[str, Any] | None = None) -> NoReturn:
-    """Prints the receipt's summary (with `extra`) as one JSON line on stdout, the error on
-    stderr; exits with its code."""
-    click.echo(
-        json.dumps(
-            {
-                "outcome": receipt.outcome,
-                "error": receipt.error,
-                "seconds": round(receipt.seconds, 3),
-                "workdir": receipt.workdir,
-                **(extra or {}),
-            }
-        )
-    )
+def finish(
+    receipt: Receipt, extra: Mapping[str, Any] | None = None, *, events: bool = False
+) -> NoReturn:
+    """Prints the receipt's summary (with `extra`) as one JSON line on stdout (under `--json`,
+    the `finished` event that carries it and the receipt), the error on stderr; exits with its
+    code."""
+    from ._events import dumps, finished
+
+    result = {
+        "outcome": receipt.outcome,
+        "error": receipt.error,
+        "seconds": round(receipt.seconds, 3),
+        "workdir": receipt.workdir,
+        **(extra or {}),
+    }
+    click.echo(dumps(finished(receipt, result)) if events else json.dumps(result))
     code = receipt_code(receipt)
     if code:
         say(f"{receipt.outcome}: {receipt.error} (receipt in {receipt.workdir})")

@@ -1,5 +1,6 @@
-"""`coldsnap status`, `coldsnap stop` (engines a restore left serving, by serving name or
-workdir: coldsnap.cli._serving) and `coldsnap schema` (the request files' JSON Schemas)."""
+"""`coldsnap status`, `coldsnap stop`, `coldsnap sleep` and `coldsnap wake` (engines a restore
+left serving, by serving name or workdir: coldsnap.cli._serving, coldsnap.cli._sleep) and
+`coldsnap schema` (the request files' and events' JSON Schemas)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import click
 
-from . import _schema, _serving
+from . import _events, _schema, _serving, _sleep
 from ._errors import reported
 
 
@@ -23,6 +24,8 @@ def _line(name: str | None, state: dict[str, Any]) -> str:
     if state["running"] and not state["listening"]:
         running += " (not listening yet)"
     parts = [name or state["workdir"], running]
+    if state["running"] and state.get("sleep") == "asleep":
+        parts.append("asleep (coldsnap wake)")
     if state.get("url"):
         parts.append(f"url {state['url']}")
     if state.get("pid"):
@@ -68,15 +71,64 @@ def stop(target: str) -> None:
         click.echo(f"{what} was not running (pid {done['pid']})")
 
 
+def _mib(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+@click.command("sleep")
+@click.argument("target", metavar="NAME|WORKDIR")
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of text.")
+def sleep(target: str, as_json: bool) -> None:
+    """Release a restored engine's weights and KV cache through the plugin's release path: the
+    server stays up, requests wait (health says 503), the memory is freed. `wake` gives it
+    back."""
+    with reported(_debug):
+        workdir, name = _serving.workdir_of(target)
+        done = _sleep.sleep(workdir)
+    if as_json:
+        click.echo(json.dumps(done))
+        return
+    what = name or str(workdir)
+    if done["already"]:
+        click.echo(f"{what} was already asleep")
+        return
+    device = "" if done["device_freed"] is None else f", device {_mib(done['device_freed'])}"
+    click.echo(
+        f"{what} asleep: released {_mib(done['host_bytes'])} of host weight pages{device}; "
+        f"resident {_mib(done['rss_before'])} -> {_mib(done['rss_after'])}; "
+        f"{done['seconds']:.3f} s; wake it with: coldsnap wake {what}"
+    )
+
+
+@click.command("wake")
+@click.argument("target", metavar="NAME|WORKDIR")
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of text.")
+def wake(target: str, as_json: bool) -> None:
+    """Refill a sleeping engine's weights from where its restore took them (the capsule's
+    payload or the pinned checkpoint) through the plugin's resume path; wait until it is
+    healthy."""
+    with reported(_debug):
+        workdir, name = _serving.workdir_of(target)
+        done = _sleep.wake(workdir)
+    if as_json:
+        click.echo(json.dumps(done))
+        return
+    what = name or str(workdir)
+    click.echo(f"{what} was awake" if done["already"] else
+               f"{what} awake in {done['seconds']:.3f} s")  # fmt: skip
+
+
 @click.command("schema")
-@click.argument("operation", type=click.Choice(sorted(_schema.CLASSES)))
+@click.argument("operation", type=click.Choice([*sorted(_schema.CLASSES), "event"]))
 @click.option("--write", is_flag=True, help=f"Write it to {_schema.SCHEMA_DIR}/ instead.")
 def schema(operation: str, write: bool) -> None:
-    """Print the JSON Schema of a capture or restore request file (docs/cli.md shows
-    examples)."""
-    text = _schema.text(operation)
+    """Print the JSON Schema of a capture or restore request file, or of one `--json` event
+    line (docs/cli.md shows examples)."""
+    if operation == "event":
+        text, path = _events.schema_text(), _schema.SCHEMA_DIR / "event.schema.json"
+    else:
+        text, path = _schema.text(operation), _schema.path(operation)
     if write:
-        path = _schema.path(operation)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         click.echo(f"wrote {path}")
@@ -84,4 +136,4 @@ def schema(operation: str, write: bool) -> None:
     click.echo(text, nl=False)
 
 
-__all__ = ["schema", "status", "stop"]
+__all__ = ["schema", "sleep", "status", "stop", "wake"]

@@ -1,7 +1,7 @@
 """Commands: capture, restore, resume, plan, docs, demo, doctor, ls, show, rm, gc, status, stop,
-schema. Parsing is click's; the work is the Machine's, over the components the registry builds
-for each request (doctor checks the host; ls, show, rm and gc read the store; status and stop
-act on what a restore left serving)."""
+sleep, wake, schema. Parsing is click's; the work is the Machine's, over the components the
+registry builds for each request (doctor checks the host; ls, show, rm and gc read the store;
+status, stop, sleep and wake act on what a restore left serving)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from coldsnap.machine import (
 
 from ._doctor import doctor
 from ._errors import finish, reported
-from ._lifecycle import schema, status, stop
+from ._lifecycle import schema, sleep, status, stop, wake
 from ._operations import capture, load, print_event, restore
 from ._store_cmds import gc, ls, rm, show
 
@@ -94,5 +94,5 @@ def demo() -> None:
     sys.exit(run_demo())
 
 
-for _command in (capture, restore, doctor, ls, show, rm, gc, status, stop, schema):
+for _command in (capture, restore, doctor, ls, show, rm, gc, status, stop, sleep, wake, schema):
     main.add_command(_command)

@@ -4,17 +4,19 @@ form (`coldsnap schema capture|restore`, docs/cli.md). The work is the Machine's
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
 import click
 
+from coldsnap._errors import ColdsnapError
 from coldsnap.artifacts import Store
 from coldsnap.backends.inet import PortInUse, check_port_free
 from coldsnap.machine import (
@@ -31,6 +33,9 @@ from coldsnap.machine import (
 from . import _serving
 from ._cmdline import notice, parse_launch
 from ._errors import finish, reported, say
+from ._events import print_json_event
+from ._progress import ENDED, LiveSteps, step_line
+from ._recipes import load_recipe
 
 DEFAULT_STORE = Path("/var/lib/coldsnap/store")
 _TAG = re.compile(r"[^A-Za-z0-9._-]+")
@@ -42,7 +47,10 @@ def _debug() -> bool:
 
 
 def load(path: str) -> Request:
-    """The request in the file at `path` (`-`: stdin), parsed strictly."""
+    """The request in the file at `path` (`-`: stdin), parsed strictly: JSON, or a YAML recipe
+    when its name ends in .yaml or .yml."""
+    if path.endswith((".yaml", ".yml")):
+        return load_recipe(Path(path))
     try:
         raw = click.get_text_stream("stdin").read() if path == "-" else Path(path).read_text()
         data = json.loads(raw)
@@ -58,11 +66,19 @@ def request_json(request: Request) -> str:
 
 
 def print_event(event: StepEvent) -> None:
-    if event.phase in ("done", "skipped", "failed", "compensated", "compensation_failed"):
-        detail = f"  ({event.detail})" if event.detail else ""
-        click.echo(
-            f"  {event.spec:<13} {event.step:<20} {event.phase:<20} {event.seconds:7.3f} s{detail}"
-        )
+    """One line per ended step (what `resume` prints; capture and restore show more, live)."""
+    if event.phase in ENDED:
+        click.echo(step_line(event))
+
+
+@contextlib.contextmanager
+def _watching(as_json: bool) -> Iterator[Callable[[StepEvent], None]]:
+    """The subscriber a capture or restore runs with: JSON events, or the live display."""
+    if as_json:
+        yield print_json_event
+        return
+    with LiveSteps() as live:
+        yield live
 
 
 def _workdir(given: Path | None, store: Path, operation: str, name: str) -> str:
@@ -96,11 +112,12 @@ _CAPTURE_HELP = """Capture an SGLang server, started from your own launch comman
 
 After `--`, `python -m sglang.launch_server ...` or `sglang serve ...` as you run it: the model
 comes from --model-path, the tensor-parallel size from --tp-size, and every other flag goes to
-the engine as written. coldsnap owns only where the engine listens: it drops --host and --port
-(the capture serves on 127.0.0.1 at a port it picks; restore with --port to serve on yours) and
-says so on stderr. Flags it cannot honour (--api-key, --config, --dp-size 2, ...) are refused,
-named. --print-request prints the request file the command line makes and exits; its format is
-`coldsnap schema capture` (docs/cli.md has examples).
+the engine as written. coldsnap owns only where the engine listens: it takes out --host and
+--port (the capture serves on 127.0.0.1 at a port it picks) and keeps them in the capsule, where
+a restore serves by default; it says so on stderr. Flags it cannot honour (--api-key, --config,
+--dp-size 2, ...) are refused, named. --print-request prints the request file the command line
+makes and exits; its format is `coldsnap schema capture` (docs/cli.md has examples). --recipe
+reads the request from YAML. With --json, one JSON event per line (docs/cli.md).
 """
 
 _CAPTURE_OPTIONS = ("name", "driver", "provider", "store", "workdir", "model_id", "revision",
@@ -108,7 +125,11 @@ _CAPTURE_OPTIONS = ("name", "driver", "provider", "store", "workdir", "model_id"
 
 
 @click.command(help=_CAPTURE_HELP, context_settings={"allow_interspersed_args": False})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED, required=True)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option(
+    "--recipe", type=click.Path(dir_okay=False, path_type=Path),
+    help="A YAML recipe: the request file's content as YAML.",
+)  # fmt: skip
 @click.option("--name", help="Publish the capsule under this tag [default: the model's name].")
 @click.option("--driver", default="n610", show_default=True, help="n610 or n580.")
 @click.option("--provider", default="native", show_default=True, help="native or recovery.")
@@ -126,9 +147,18 @@ _CAPTURE_OPTIONS = ("name", "driver", "provider", "store", "workdir", "model_id"
 )
 @click.option("--keep-source", is_flag=True, help="Leave the captured server running.")
 @click.option("--print-request", is_flag=True, help="Print the request JSON and exit.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON event per line (docs/cli.md).")
 @click.pass_context
-def capture(ctx: click.Context, args: tuple[str, ...], print_request: bool, **options: Any) -> None:
+def capture(
+    ctx: click.Context,
+    args: tuple[str, ...],
+    recipe: Path | None,
+    print_request: bool,
+    as_json: bool,
+    **options: Any,
+) -> None:
     with reported(_debug):
+        args = _one_source(args, recipe, "a launch command line (after --) or REQUEST_FILE")
         if len(args) == 1:
             if given := _given(ctx, *_CAPTURE_OPTIONS):
                 raise click.UsageError(
@@ -143,14 +173,15 @@ def capture(ctx: click.Context, args: tuple[str, ...], print_request: bool, **op
             return
         if not isinstance(request, CaptureRequest):
             raise RequestError([("kind", "`coldsnap capture` takes a capture request")])
-        receipt = Machine.for_request(request, subscribers=[print_event]).capture(request)
-    if receipt.ok:
+        with _watching(as_json) as subscriber:
+            receipt = Machine.for_request(request, subscribers=[subscriber]).capture(request)
+    if receipt.ok and not as_json:
         say(
             f"captured {request.name or receipt.facts.get('capsule_digest')}; serve it with: "
             f"coldsnap restore {request.name or receipt.facts.get('capsule_digest')} "
             f"--store {request.store} [--port PORT]"
         )
-    finish(receipt)
+    finish(receipt, events=as_json)
 
 
 def _capture_request(
@@ -167,25 +198,11 @@ def _capture_request(
 ) -> CaptureRequest:
     line = parse_launch(args)
     say(notice(line))
-    local = Path(line.model_path).expanduser()
-    if local.is_dir():
-        model = ModelRef(
-            id=model_id or local.resolve().name,
-            revision=revision or "local",
-            path=str(local.resolve()),
-        )
-    else:  # a Hugging Face id, found in the local cache (never downloaded)
-        if not revision:
-            raise RequestError(
-                [
-                    (
-                        "--revision",
-                        f"{line.model_path!r} is no local directory: as a Hugging "
-                        "Face id it needs --revision",
-                    )
-                ]
-            )
-        model = ModelRef(id=model_id or line.model_path, revision=revision)
+    model = _model_ref(line.model_path, model_id, revision, "--revision")
+    draft = None
+    if line.draft_path is not None:
+        draft = _model_ref(line.draft_path, None, line.draft_revision,
+                           "--speculative-draft-model-revision")  # fmt: skip
     store = store.expanduser().absolute()
     tag = name or _tag_of(Path(model.id).name)
     return CaptureRequest(
@@ -198,7 +215,24 @@ def _capture_request(
         engine_args=line.engine_args,
         tp=line.tp,
         keep_source=keep_source,
+        serve_port=line.port,
+        serve_host=line.host,
+        draft=draft,
     )
+
+
+def _model_ref(path: str, model_id: str | None, revision: str | None, flag: str) -> ModelRef:
+    """A local directory as it is; anything else is a Hugging Face id found in the local cache
+    (never downloaded), which needs a revision (`flag` names where it comes from)."""
+    local = Path(path).expanduser()
+    if local.is_dir():
+        return ModelRef(id=model_id or local.resolve().name, revision=revision or "local",
+                        path=str(local.resolve()))  # fmt: skip
+    if not revision:
+        raise RequestError(
+            [(flag, f"{path!r} is no local directory: as a Hugging Face id it needs {flag}")]
+        )
+    return ModelRef(id=model_id or path, revision=revision)
 
 
 # -- restore ------------------------------------------------------------------------------------
@@ -210,24 +244,32 @@ _RESTORE_HELP = """Restore a capsule and leave it serving; print its URL and PID
   coldsnap restore REQUEST_FILE          # the machine-readable form (JSON)
 
 NAME is a capsule's tag or sha256: digest. Driver, provider, engine and engine flags default
-to the capsule's own; anything after `--` replaces the engine flags. With --port the restored
-server serves on 127.0.0.1:PORT (n610 moves the image's listening socket there before the
-restore; n580 builds the engine on it), else on its capture port; a port in use is refused
-first. The served engine is recorded under --serve-as (default: NAME) for `coldsnap status` and
-`coldsnap stop`. The request file's format is `coldsnap schema restore`.
+to the capsule's own; anything after `--` replaces the engine flags. The restored server serves
+on --host and --port, by default those of the captured launch command line (else 127.0.0.1 and
+the port the capture served on); n610 moves the image's listening socket there before the
+restore, n580 builds the engine on them. A port in use is refused first. The served engine is
+recorded under --serve-as (default: NAME) for `coldsnap status` and `coldsnap stop`. The request
+file's format is `coldsnap schema restore`; --recipe reads it from YAML.
 """
 
 _RESTORE_OPTIONS = ("store", "workdir", "driver", "provider", "model_path", "serve_as")
 
 
 @click.command(help=_RESTORE_HELP)
-@click.argument("target", metavar="NAME|REQUEST_FILE")
+@click.argument("target", metavar="NAME|REQUEST_FILE", required=False)
 @click.argument("engine_args", nargs=-1, type=click.UNPROCESSED)
 @click.option(
     "--store", type=click.Path(path_type=Path), default=DEFAULT_STORE, show_default=True,
     help="The capsule store.",
 )  # fmt: skip
-@click.option("--port", type=click.IntRange(1, 65535), help="Serve on 127.0.0.1:PORT.")
+@click.option(
+    "--port", type=click.IntRange(1, 65535),
+    help="Serve on PORT [default: the captured command line's --port].",
+)  # fmt: skip
+@click.option(
+    "--host", help="Listen on this IPv4 address [default: the captured command line's --host, "
+    "else 127.0.0.1].",
+)  # fmt: skip
 @click.option(
     "--workdir", type=click.Path(path_type=Path),
     help="This operation's directory [default: STORE/../ops/restore-NAME-TIME].",
@@ -240,40 +282,49 @@ _RESTORE_OPTIONS = ("store", "workdir", "driver", "provider", "model_path", "ser
 )  # fmt: skip
 @click.option("--serve-as", help="Name the served engine for status/stop [default: NAME].")
 @click.option("--print-request", is_flag=True, help="Print the request JSON and exit.")
-@click.option("--json", "as_json", is_flag=True, help="No step lines: one JSON object only.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON event per line (docs/cli.md).")
+@click.option(
+    "--recipe", type=click.Path(dir_okay=False, path_type=Path),
+    help="A YAML recipe: the request file's content as YAML.",
+)  # fmt: skip
 @click.pass_context
 def restore(
     ctx: click.Context,
-    target: str,
+    target: str | None,
+    recipe: Path | None,
     engine_args: tuple[str, ...],
     port: int | None,
+    host: str | None,
     print_request: bool,
     as_json: bool,
     serve_as: str | None,
     **options: Any,
 ) -> None:
     with reported(_debug):
+        target = _one_source((target,) if target else (), recipe, "NAME or REQUEST_FILE")[0]
         if _is_file(target):
             if given := _given(ctx, *_RESTORE_OPTIONS[:-1]) or (["--"] if engine_args else []):
                 raise click.UsageError(
                     f"{', '.join(given)}: a request file says this itself (only --port, "
-                    "--serve-as and --json go with one)"
+                    "--host, --serve-as and --json go with one)"
                 )
             request = load(target)
             if not isinstance(request, RestoreRequest):
                 raise RequestError([("kind", "`coldsnap restore` takes a restore request")])
-            if port is not None:
-                request = attrs.evolve(request, port=port)
+            if port is not None or host is not None:
+                request = attrs.evolve(request, port=port or request.port,
+                                       host=host or request.host)  # fmt: skip
         else:
-            request = _restore_request(target, engine_args, port=port, **options)
+            request = _restore_request(target, engine_args, port=port, host=host, **options)
+        request, by_default = _listen_default(request)
         if print_request:
             click.echo(request_json(request))
             return
         name = serve_as or (request.artifact if not request.artifact.startswith("sha256:")
                             else request.artifact.removeprefix("sha256:")[:12])  # fmt: skip
-        _check_free(name, request.port)
-        subscribers: list[Callable[[StepEvent], None]] = [] if as_json else [print_event]
-        receipt = Machine.for_request(request, subscribers=subscribers).restore(request)
+        _check_free(name, request.port, request.host, by_default)
+        with _watching(as_json) as subscriber:
+            receipt = Machine.for_request(request, subscribers=[subscriber]).restore(request)
     facts = receipt.facts
     extra: dict[str, Any] = {}
     if receipt.ok:
@@ -300,7 +351,21 @@ def restore(
                 f"serving {name} at {extra['url']} (pid {extra['pid']}); stop it with: "
                 f"coldsnap stop {name}"
             )
-    finish(receipt, extra)
+    finish(receipt, extra, events=as_json)
+
+
+def _one_source(given: tuple[str, ...], recipe: Path | None, what: str) -> tuple[str, ...]:
+    """What the command reads its request from: `given`, or the recipe, never both."""
+    if recipe is None:
+        if not given:
+            raise click.UsageError(f"give {what}, or --recipe FILE.yaml")
+        return given
+    if given:
+        raise click.UsageError(f"--recipe: give {what} or a recipe, not both")
+    name = str(recipe)
+    if not name.endswith((".yaml", ".yml")):
+        raise click.UsageError(f"--recipe: {name} must be a .yaml or .yml file")
+    return (name,)
 
 
 def _is_file(target: str) -> bool:
@@ -308,7 +373,26 @@ def _is_file(target: str) -> bool:
     return target == "-" or Path(target).is_file() or "/" in target or target.endswith(".json")
 
 
-def _check_free(name: str, port: int | None) -> None:
+def _listen_default(request: RestoreRequest) -> tuple[RestoreRequest, bool]:
+    """The request with the captured launch command line's port and host where it names none
+    (a format-3 capture record carries them); and whether the port came from there."""
+    from ._store_cmds import capture_record
+
+    given = request.port is not None and request.host is not None
+    if given or not Path(request.store).is_dir():
+        return request, False
+    try:
+        record = capture_record(Store(request.store), request.artifact)
+    except ColdsnapError:
+        return request, False  # admission names what is wrong with the store or capsule
+    if record is None or (record.serve_port is None and record.serve_host is None):
+        return request, False
+    port = request.port if request.port is not None else record.serve_port
+    host = request.host if request.host is not None else record.serve_host
+    return attrs.evolve(request, port=port, host=host), request.port is None and port is not None
+
+
+def _check_free(name: str, port: int | None, host: str | None, by_default: bool) -> None:
     """Refuses, before anything starts, a name that already serves or a port in use."""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", name):
         raise RequestError([("--serve-as", f"{name!r} is not a name (letters, digits, . _ -)")])
@@ -325,9 +409,10 @@ def _check_free(name: str, port: int | None) -> None:
             )
     if port is not None:
         try:
-            check_port_free("127.0.0.1", port)
+            check_port_free(host or "127.0.0.1", port)
         except PortInUse as exc:
-            raise RequestError([("port", str(exc))]) from None
+            why = " (the captured command line's --port): pass --port" if by_default else ""
+            raise RequestError([("port", f"{exc}{why}")]) from None
 
 
 def _restore_request(
@@ -335,6 +420,7 @@ def _restore_request(
     engine_args: tuple[str, ...],
     *,
     port: int | None,
+    host: str | None,
     store: Path,
     workdir: Path | None,
     driver: str | None,
@@ -370,6 +456,7 @@ def _restore_request(
         engine=record.engine,
         engine_args=engine_args or record.engine_args,  # the capture's, which admit compares
         port=port,
+        host=host,
     )
 
 

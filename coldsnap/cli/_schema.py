@@ -38,8 +38,14 @@ _ABOUT: dict[str, str] = {
     "--port are coldsnap's and refused here",
     "tp": "the tensor-parallel size (capture: the engine gets it as --tp-size, which engine_args "
     "must not set; restore: refuse a capsule captured with another)",
-    "port": "the TCP port on 127.0.0.1 the restored engine serves on (default: the port it "
-    "served on at capture)",
+    "port": "the TCP port the restored engine serves on (default: the capture's serve_port, "
+    "else the port it served on at capture)",
+    "host": "the IPv4 address the restored engine listens on (default: the capture's "
+    "serve_host, else 127.0.0.1)",
+    "serve_port": "the --port of the launch command line captured: restores serve there by "
+    "default (the capture itself serves on a port coldsnap picks)",
+    "serve_host": "the --host (IPv4) of the launch command line captured: restores listen there "
+    "by default",
     "keep_source": "leave the captured engine running after the capture",
     "timeouts": "seconds per step name, replacing the spec's timeout for that step",
 }
@@ -47,6 +53,8 @@ _ABOUT: dict[str, str] = {
 
 def _type_schema(kind: Any, path: str) -> dict[str, Any]:
     origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if kind is Any:
+        return {}
     if origin in (typing.Union, types.UnionType):
         options = [_type_schema(a, path) for a in args if a is not type(None)]
         schema = options[0] if len(options) == 1 else {"anyOf": options}
@@ -95,6 +103,10 @@ def _object_schema(cls: type, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+object_schema = _object_schema
+"""The JSON Schema of an attrs class (the `--json` events' too, coldsnap.cli._events)."""
+
+
 def schema(operation: str) -> dict[str, Any]:
     """The JSON Schema of a `operation` request file."""
     cls = CLASSES[operation]
@@ -117,4 +129,4 @@ def path(operation: str) -> Path:
     return SCHEMA_DIR / f"{operation}-request.schema.json"
 
 
-__all__ = ["CLASSES", "SCHEMA_DIR", "path", "schema", "text"]
+__all__ = ["CLASSES", "SCHEMA_DIR", "object_schema", "path", "schema", "text"]

@@ -172,6 +172,7 @@ def state(workdir: Path) -> dict[str, Any]:
     out["capsule_digest"] = facts.get("capsule_digest")
     out["running"] = engine_alive(pid, runtime)
     out["listening"] = out["running"] and listening(url)
+    out["sleep"] = "asleep" if (workdir / "asleep.json").exists() else "awake"
     if (workdir / "stopped.json").exists():
         out["stopped"] = json.loads((workdir / "stopped.json").read_text()).get("at")
     return out

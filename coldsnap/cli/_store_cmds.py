@@ -76,8 +76,16 @@ def summary(store: Store, digest: str, tags: list[str]) -> dict[str, Any]:
         "engine": record.engine if record else identity.engine.name if identity else None,
         "model_id": record.model_id if record else identity.model.model_id if identity else None,
         "revision": record.revision if record else identity.model.revision if identity else None,
+        "serves_on": _serves_on(record),
         "created": _created(store, digest),
     }
+
+
+def _serves_on(record: CaptureRecord | None) -> str | None:
+    """Where a restore serves by default: the captured launch command line's host and port."""
+    if record is None or (record.serve_port is None and record.serve_host is None):
+        return None
+    return f"{record.serve_host or '127.0.0.1'}:{record.serve_port or '(capture port)'}"
 
 
 def _tags_by_capsule(store: Store) -> dict[str, list[str]]:
@@ -140,7 +148,8 @@ def show(name: str, store: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({**about, "members": roles, "identity": identity}, indent=2))
         return
-    for key in ("digest", "tags", "driver", "provider", "engine", "model_id", "revision"):
+    keys = ("digest", "tags", "driver", "provider", "engine", "model_id", "revision", "serves_on")
+    for key in keys:
         value = about[key]
         click.echo(f"{key + ':':<10} {', '.join(value) if isinstance(value, list) else value}")
     click.echo(f"{'size:':<10} {_size(about['bytes'])} ({about['bytes']} bytes)")

@@ -42,6 +42,8 @@ class StepContext:
     _record: Callable[[dict[str, Any]], None]
     compensating: bool = False
     log: list[str] = field(factory=list)
+    _show: Callable[[str], None] = lambda _detail: None
+    _shown: dict[str, float] = field(factory=dict)  # what: when it was last shown
 
     @property
     def facts(self) -> Mapping[str, Any]:
@@ -65,3 +67,21 @@ class StepContext:
         """Journals facts now, before the step ends."""
         self._record(facts)  # refuses a fact the step does not declare it makes
         self._facts.update(facts)
+
+    def advance(self, what: str, done: int, total: int, started: float) -> None:
+        """Shows how far a long piece of work is (bytes of `total`, and the rate since
+        `started`, a time.monotonic()) to the run's subscribers, at most every PROGRESS_EVERY_S
+        seconds and at the end; never journaled: it is for the operator watching, not a resume."""
+        now = time.monotonic()
+        if done < total and now - self._shown.get(what, 0.0) < PROGRESS_EVERY_S:
+            return
+        self._shown[what] = now
+        rate = done / (now - started) if now > started else 0.0
+        self._show(f"{what} {_gib(done)} of {_gib(total)} GiB, {_gib(rate)} GiB/s")
+
+
+PROGRESS_EVERY_S = 0.5
+
+
+def _gib(n: float) -> str:
+    return f"{n / (1 << 30):.2f}"

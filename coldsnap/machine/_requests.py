@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -63,6 +64,18 @@ class CaptureRequest:
     engine_args: tuple[str, ...] = field(default=(), converter=_as_tuple)
     tp: int = 1
     keep_source: bool = False
+    serve_port: int | None = None
+    """Where the user's own launch command line served (its --port): restores serve there by
+    default. The capture itself serves on a port coldsnap picks."""
+    serve_host: str | None = None
+    """The launch command line's --host (an IPv4 address): restores bind there by default."""
+    draft: ModelRef | None = field(default=None, converter=_from_hub_or_none)
+    """The speculative decoding draft model (engine_args name the algorithm): the launcher
+    hands the engine its path, and the capsule binds it like the model."""
+    async_cuda_graphs: bool = False
+    """Serve eagerly first and capture the decode graphs at the first scheduler-idle boundary
+    after a completed request (COLDSNAP_ASYNC_CUDA_GRAPHS; CUDA; draft graphs stay
+    synchronous)."""
     timeouts: dict[str, float] = field(factory=dict, converter=_as_timeouts)
     format: int = REQUEST_FORMAT
     kind: str = "coldsnap.capture-request"
@@ -74,6 +87,8 @@ class CaptureRequest:
             problems.append(("name", f"'{self.name}' is not a tag (letters, digits, . _ -)"))
         if self.tp < 1:
             problems.append(("tp", f"must be at least 1, got {self.tp}"))
+        problems += _listen_problems("serve_port", self.serve_port, "serve_host", self.serve_host)
+        problems += _draft_problems(self)
         if problems:
             raise RequestError(problems)
 
@@ -97,6 +112,15 @@ class RestoreRequest:
     """The tensor-parallel size the caller expects; when set, a capsule captured with another
     is refused at admission."""
     port: int | None = None
+    host: str | None = None
+    """The IPv4 address the restored engine listens on (default: where it listened at
+    capture, 127.0.0.1)."""
+    draft: ModelRef | None = field(default=None, converter=_from_hub_or_none)
+    """The captured speculative draft model, where this host holds it: a recovery reloads the
+    draft from it, an engine started at restore (n580) is given it."""
+    async_cuda_graphs: bool = False
+    """An engine started at restore (n580) serves eagerly first and captures its decode graphs
+    at the first scheduler-idle boundary after a completed request (CUDA)."""
     timeouts: dict[str, float] = field(factory=dict, converter=_as_timeouts)
     format: int = REQUEST_FORMAT
     kind: str = "coldsnap.restore-request"
@@ -111,13 +135,46 @@ class RestoreRequest:
             problems.append(("model", "the recovery provider needs the pinned checkpoint's path"))
         if self.tp is not None and self.tp < 1:
             problems.append(("tp", f"must be at least 1, got {self.tp}"))
-        if self.port is not None and not 0 < self.port < 65536:
-            problems.append(("port", f"must be 1..65535, got {self.port}"))
+        problems += _listen_problems("port", self.port, "host", self.host)
+        problems += _draft_problems(self)
+        if self.async_cuda_graphs and self.driver == "n610":
+            problems.append(("async_cuda_graphs", "an n610 restore resumes the captured process "
+                             "with its environment: set it in the capture request"))  # fmt: skip
         if problems:
             raise RequestError(problems)
 
 
 Request = CaptureRequest | RestoreRequest
+
+
+def _listen_problems(
+    port_name: str, port: int | None, host_name: str, host: str | None
+) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    if port is not None and not 0 < port < 65536:
+        problems.append((port_name, f"must be 1..65535, got {port}"))
+    if host is not None and host != "localhost":
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            problems.append((host_name, f"must be an IPv4 address, got {host!r}"))
+    return problems
+
+
+_DRAFT_FLAGS = ("--speculative-draft-model-path", "--speculative-draft-model-revision")
+"""The draft model is the request's field `draft` (the capsule binds it), never engine_args."""
+
+
+def _draft_problems(request: CaptureRequest | RestoreRequest) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    if request.draft is not None:
+        problems += _model_problems("draft", request.draft)
+    named = sorted({a.split("=", 1)[0] for a in request.engine_args} & set(_DRAFT_FLAGS))
+    if named:
+        problems.append(
+            ("engine_args", f"{' and '.join(named)}: name the draft model in the field 'draft'")
+        )
+    return problems
 
 
 def _is_digest(value: str) -> bool:

@@ -389,12 +389,16 @@ class Run:
             cancel=self.cancel,
             record=self._progress(step),
             compensating=compensating,
+            show=lambda detail: self._emit(step.name, "progress", detail=detail),
         )
 
     def _progress(self, step: Step) -> Callable[[dict[str, Any]], None]:
         def record(facts: dict[str, Any]) -> None:
             _check_declared(step, facts)
             self.journal.append("progress", step=step.name, facts=facts)
+            # Subscribers see it too (from the step's worker thread): a long step shows life.
+            shown = ", ".join(f"{k}={v}" for k, v in sorted(facts.items()))
+            self._emit(step.name, "progress", detail=shown)
 
         return record
 

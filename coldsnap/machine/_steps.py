@@ -49,6 +49,11 @@ TP_RANKS = fact(
     "tp_ranks",
     "per rank of the restored engine: its pid and the last operation it reported",
 )
+SHAPE_COVERAGE = fact(
+    "shape_coverage",
+    "the graph shapes the engine warmed before the snapshot, per phase, as its ranks published "
+    "them (None where none was published); the capsule's identity binds it",
+)
 RESIDUAL_DEVICE_BYTES = fact(
     "residual_device_bytes",
     "device memory still in use after the release, summed over the engine's ranks (0 on CPU)",
@@ -63,7 +68,7 @@ CHECKPOINT_FILES = fact("checkpoint_files", "number of files of the pinned check
 WEIGHT_SOURCE = fact(
     "weight_source",
     "where the restored engine takes its weights from: {provider, payload_dir, preverified} or "
-    "{provider, checkpoint}",
+    "{provider, checkpoint[, draft_checkpoint]}",
 )
 
 # -- facts of the store steps -------------------------------------------------------------------
@@ -77,6 +82,11 @@ CAPSULE_BYTES = fact("capsule_bytes", "size of the capsule's members")
 CAPSULE = fact("capsule", "the carried facts of the capture, read back from the capsule")
 CAPSULE_CHECKPOINT = fact(
     "capsule_checkpoint", "file name -> sha256 of the checkpoint the capsule is bound to"
+)
+CAPSULE_DRAFT_CHECKPOINT = fact(
+    "capsule_draft_checkpoint",
+    "file name -> sha256 of the speculative draft model's checkpoint the capsule is bound to "
+    "(empty when it serves without a draft)",
 )
 
 # -- steps shared by several specs --------------------------------------------------------------
@@ -116,7 +126,7 @@ RELEASE_MEMORY = Step(
     compensation="engine.resume_memory",
     timeout_s=120.0,
     needs=(ENGINE_URL, RUNTIME_DIR, ENGINE_PID),
-    makes=(EXPORT_DIR, RESIDUAL_DEVICE_BYTES, TP_SIZE, RANK_PIDS),
+    makes=(EXPORT_DIR, RESIDUAL_DEVICE_BYTES, TP_SIZE, RANK_PIDS, SHAPE_COVERAGE),
 )
 DESTROY_GRAPHS = Step(
     "destroy_graphs",
@@ -157,6 +167,7 @@ ADMIT = Step(
         CAPSULE,
         IMAGE_DIR,
         CAPSULE_CHECKPOINT,
+        CAPSULE_DRAFT_CHECKPOINT,
         PAYLOAD_DIR,
         VERIFY_IMAGE_SECONDS,
     ),

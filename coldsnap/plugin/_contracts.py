@@ -92,6 +92,7 @@ _WU = f"{SG}.managers.scheduler_components.weight_updater.SchedulerWeightUpdater
 _RWU = f"{SG}.model_executor.model_runner_components.weight_updater.WeightUpdater"
 _MR = f"{SG}.model_executor.model_runner.ModelRunner"
 _TSA = f"{SG}.utils.torch_memory_saver_adapter.TorchMemorySaverAdapter"
+_PCG = f"{SG}.model_executor.runner.prefill_cuda_graph_runner"
 
 CONTRACTS: tuple[Contract, ...] = (
     # plugin discovery and hooks
@@ -450,6 +451,27 @@ CONTRACTS: tuple[Contract, ...] = (
         f"{SG}.model_executor.cpu_graph_runner.get_batch_sizes_to_capture",
         "model_runner",
         runtime_on_cpu=False,
+    ),
+    _with_variants(
+        _c(
+            "cuda graphs",
+            f"{_PCG}.get_prefill_num_tokens_to_capture",
+            "capture_tokens",
+            runtime_on_cpu=False,
+            variant="aligned-tokens",
+        ),
+        # The prefill runner captures the server arguments' token counts, sorted.
+        _v(
+            "0.5.17",
+            "sorted-tokens",
+            f"{_PCG}.PrefillCudaGraphRunner.__init__",
+            "self",
+            kind="source",
+            expected=(
+                "prefill_config = model_runner.server_args.cuda_graph_config.prefill",
+                "self.capture_num_tokens = sorted(capture_tokens)",
+            ),
+        ),
     ),
     _c("cuda graphs", f"{SG}.runtime_context.get_flags"),
     _c("cuda graphs", f"{SG}.runtime_context.get_exec", runtime_on_cpu=False),

@@ -7,6 +7,12 @@ the pages of every registered weight storage to the kernel with madvise(MADV_DON
 storage objects and their addresses stay exactly as they were, memory use drops at once, a
 process dump skips the absent pages, and hydration refills the same bytes in place (the pages
 come back zero-filled on first write). Bytes sharing a page with other data are kept.
+
+The KV cache on CPU: SGLang allocates its pools inside `region(kv_cache)` and, like
+torch_memory_saver without a CPU backup, expects nothing of their contents after a pause (it
+flushes the cache first). The host backend records the host tensors allocated inside that
+region (a dispatch mode sees every allocating op) and pause(kv_cache) returns their pages the
+same way; they come back zero-filled, as the pools were made, on first touch after resume.
 """
 
 from __future__ import annotations
@@ -16,12 +22,13 @@ import logging
 import mmap
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from coldsnap._errors import PluginError
-from coldsnap._wire import WEIGHTS
+from coldsnap._wire import KV_CACHE, WEIGHTS
 
+from ._settings import LIVE_BACKINGS
 from ._storages import REGISTRY, StorageRegistry
 
 logger = logging.getLogger("coldsnap.plugin")
@@ -75,13 +82,32 @@ class HostDiscardBackend:
         self.registry = registry
         self.released: set[str] = set()
         self.last_discarded_bytes = 0
+        self.region_bytes: dict[str, int] = {}  # per tag, freed by its last pause
+        # per tag: (weak reference to a storage, its address, its size) as allocated
+        self._regions: dict[str, list[tuple[Any, int, int]]] = {}
         self._lock = threading.Lock()
+
+    @contextmanager
+    def record(self, tag: str) -> Iterator[None]:
+        """Remembers the host storages that ops inside the block allocate, as region `tag`."""
+        mode = _allocations()
+        with mode:
+            yield
+        with self._lock:
+            self._regions.setdefault(tag, []).extend(mode.storages)
+
+    def _discard_region(self, tag: str) -> int:
+        live = [(a, a + n) for ref, a, n in self._regions.get(tag, []) if not ref.expired()]
+        total = sum(discard_pages(a, b - a) for a, b in _merge(live))
+        self.region_bytes[tag] = total
+        logger.info("coldsnap: released %d bytes of host %s pages", total, tag)
+        return total
 
     def pause(self, tag: str) -> int:
         with self._lock:
             if tag != WEIGHTS:
                 self.released.add(tag)
-                return 0
+                return self._discard_region(tag)
             total = 0
             for entry in self.registry.models():
                 entry.check_live()
@@ -105,6 +131,42 @@ class HostDiscardBackend:
 HOST_BACKEND = HostDiscardBackend()
 
 
+def _allocations() -> Any:
+    """A dispatch mode that notes every host storage an op allocates (an output whose storage
+    is none of the op's inputs'; views and in-place results are not allocations), weakly: a
+    storage SGLang drops is not kept alive, and is skipped at pause."""
+    import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class _Allocations(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.storages: list[tuple[Any, int, int]] = []
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
+            out = func(*args, **(kwargs or {}))
+            inputs = {
+                t.untyped_storage().data_ptr()
+                for t in tree_leaves((args, kwargs))
+                if isinstance(t, torch.Tensor)
+            }
+            for t in tree_leaves(out):
+                if (
+                    isinstance(t, torch.Tensor)
+                    and t.device.type == "cpu"
+                    and t.untyped_storage().data_ptr() not in inputs
+                ):
+                    storage = t.untyped_storage()
+                    self.storages.append(
+                        (StorageWeakRef(storage), storage.data_ptr(), storage.nbytes())
+                    )
+            return out
+
+    return _Allocations()
+
+
 def _cuda_available() -> bool:
     import torch
 
@@ -116,30 +178,33 @@ class ColdsnapMemorySaverAdapter:
 
     It offers exactly the adapter interface SGLang calls (region, cuda_graph, pause, resume,
     configure_subprocess, disable, check_validity, enabled), so any call site works unchanged.
+
+    live_backing (COLDSNAP_LIVE_BACKING) says what released weights keep, and where:
+    discard: nothing (CPU: the pages go back to the kernel; CUDA: torch_memory_saver frees the
+        region), the resume refills them from the plan's source;
+    cpu: a copy in host memory (CPU: the pages simply stay; CUDA: the weights region is created
+        with torch_memory_saver's CPU backup, which copies it out at pause and back at resume);
+    disk: like discard, after the scheduler has written them under the process artifact root
+        (coldsnap.plugin._scheduler, which knows the operation and the rank).
     """
 
     def __init__(
         self, inner: Any, *, live_backing: str, host: HostDiscardBackend = HOST_BACKEND
     ) -> None:
+        if live_backing not in LIVE_BACKINGS:
+            raise MemoryBackendError(
+                f"COLDSNAP_LIVE_BACKING={live_backing!r} is not one of: {', '.join(LIVE_BACKINGS)}"
+            )
         self.inner = inner
         self.live_backing = live_backing
         self.host = host
         self.cuda = _cuda_available()
-        if self.cuda and live_backing in ("host_discard", "none"):
-            # Neither frees device memory: released weights and KV would stay resident.
-            raise MemoryBackendError(
-                f"COLDSNAP_LIVE_BACKING={live_backing} frees no device memory; on CUDA use "
-                "torch_memory_saver or auto, and start SGLang with --enable-memory-saver"
-            )
 
     def _host_active(self) -> bool:
-        if self.cuda:
-            return False  # device memory: the memory saver's work, measured at release
-        if self.live_backing == "host_discard":
-            return True
-        if self.live_backing == "auto":
-            return not bool(self.inner.enabled)
-        return False
+        """Whether pausing the weights returns their host pages (CPU, nothing kept in RAM)."""
+        if self.cuda or self.live_backing == "cpu":
+            return False  # CUDA: the memory saver's work, measured at release; cpu: kept
+        return not bool(self.inner.enabled)
 
     # --- the TorchMemorySaverAdapter interface ---
     def check_validity(self, caller_name: str) -> None:
@@ -151,7 +216,12 @@ class ColdsnapMemorySaverAdapter:
 
     @contextmanager
     def region(self, tag: str, enable_cpu_backup: bool = False) -> Iterator[None]:
-        with self.inner.region(tag, enable_cpu_backup=enable_cpu_backup):
+        # cpu backing: the saver keeps a host copy of the weights region while it is paused
+        backup = enable_cpu_backup or (tag == WEIGHTS and self.live_backing == "cpu")
+        # CPU: the KV pools' pages are returned at pause (module docstring); kept ones are not
+        keep = backup or tag != KV_CACHE or not self._host_active()
+        recording = nullcontext() if keep else self.host.record(tag)
+        with self.inner.region(tag, enable_cpu_backup=backup), recording:
             yield
 
     def cuda_graph(self, **kwargs: Any) -> Any:
@@ -161,10 +231,11 @@ class ColdsnapMemorySaverAdapter:
         return self.inner.disable()
 
     def pause(self, tag: str) -> Any:
-        if self.live_backing == "torch_memory_saver" and not self.inner.enabled:
+        if self.cuda and self.live_backing == "cpu" and tag == WEIGHTS and not self.inner.enabled:
             raise MemoryBackendError(
-                "COLDSNAP_LIVE_BACKING=torch_memory_saver but SGLang's memory saver is not "
-                "enabled (start SGLang with --enable-memory-saver)"
+                "COLDSNAP_LIVE_BACKING=cpu on CUDA keeps the weights through torch_memory_saver's "
+                "CPU backup, but SGLang's memory saver is not enabled (start SGLang with "
+                "--enable-memory-saver)"
             )
         result = self.inner.pause(tag)
         if self._host_active():

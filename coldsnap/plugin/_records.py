@@ -13,7 +13,7 @@ from typing import Any
 from coldsnap._atomic import write_json_atomic
 from coldsnap._wire import STATUS_FORMAT, STATUS_KIND, status_path
 
-SHAPE_PLAN_FORMAT = 1
+SHAPE_PLAN_FORMAT = 2  # 2: decode and prefill, planned and warmed, outcome, coverage
 SHAPE_PLAN_KIND = "coldsnap.sglang.shape-plan"
 SHAPE_PLAN_FILE = "shape-plan.json"
 _MAX_EVENTS = 64

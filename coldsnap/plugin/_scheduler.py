@@ -22,6 +22,7 @@ target worker's `model_runner` and the draft worker's `draft_runners`).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -31,11 +32,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from coldsnap._atomic import write_json_atomic
 from coldsnap._errors import PluginError
 from coldsnap._wire import MEMORY_TAGS, PLAN_FILE, WEIGHTS, read_plan
 from coldsnap.distributed import BarrierError
 
-from . import _nccl, _payload
+from . import _nccl, _payload, _shapes
 from ._contracts import variant_in_use
 from ._memory import HOST_BACKEND, ColdsnapMemorySaverAdapter
 from ._ranks import RankSync, StoreUnavailable
@@ -51,10 +53,6 @@ _MR = f"{SG}.model_executor.model_runner.ModelRunner"
 _WU = f"{SG}.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
 FINALIZE_CONTRACT = f"{_MR}.finalize_startup_weight_load"
 SELECT_RUNNERS_CONTRACT = f"{_WU}._select_runners"
-
-
-class ShapeCalibrationError(PluginError, RuntimeError):
-    """The decode-graph plan is unrecognised or differs from what was warmed or captured."""
 
 
 def _tags(recv_req: Any) -> list[str]:
@@ -125,6 +123,8 @@ class SchedulerHooks:
         self.async_decode_pending = False
         self.weights_invalid = False
         self.adapters: list[ColdsnapMemorySaverAdapter] = []
+        # role -> what the model's checkpoint does not hold, kept at the last weights release
+        self.residuals: dict[str, _payload.Residual] = {}
 
     def targets(self) -> list[tuple[str, str, Any]]:
         """(target, hook type, hook) for HookRegistry."""
@@ -201,6 +201,7 @@ class SchedulerHooks:
         op = getattr(recv_req, "rid", None)
         try:
             exports = self._before_release(tags, group, op)
+            kept = self._keep_state(tags, group, op, mgr)
         except Exception as exc:
             # Nothing is released yet: the engine keeps serving and the call can be retried.
             logger.error("coldsnap: release refused: %s", traceback.format_exc())
@@ -223,8 +224,34 @@ class SchedulerHooks:
             discarded_bytes=HOST_BACKEND.last_discarded_bytes if WEIGHTS in tags else 0,
             export=exports,
             nccl=nccl,
+            **kept,
         )
         return result
+
+    def _keep_state(self, tags: list[str], group: Any, op: str | None, mgr: Any) -> dict[str, Any]:
+        """While the weights are intact: the residual of each model (what its checkpoint does
+        not hold) to host memory, and with the disk backing every registered tensor as a native
+        pack under the process artifact root. Returns the status fields."""
+        if WEIGHTS not in tags:
+            return {}
+        self.residuals = {}
+        if self.settings.keep_residual:
+            for _, runner in weight_runners(mgr):
+                role = _role(runner)
+                path = str(runner.model_config.model_path)
+                self.residuals[role] = _payload.keep_residual(
+                    role, self.registry.get(role).model, path
+                )
+        fields: dict[str, Any] = {
+            "residual": {r: k.summary() for r, k in self.residuals.items()}
+            if self.settings.keep_residual
+            else "off"
+        }
+        if self.settings.live_backing == "disk":
+            assert self.settings.process_artifact_root is not None  # settings cross-check
+            root = live_root(self.settings.process_artifact_root, op)
+            fields["spilled"] = self._export_models(root, _tp_rank(group))
+        return fields
 
     def _before_release(self, tags: list[str], group: Any, op: str | None) -> dict[str, Any] | None:
         """Checks the registry and exports the native payload while the weights are intact."""
@@ -236,8 +263,11 @@ class SchedulerHooks:
         if not self.settings.export_model_payload:
             return None
         assert self.settings.artifact_dir is not None  # settings cross-check
-        rank = _tp_rank(group)
         root = export_root(self.settings.artifact_dir, op)
+        return self._export_models(root, _tp_rank(group))
+
+    def _export_models(self, root: Any, rank: int) -> dict[str, Any]:
+        """Every registered model's native pack under `root` (this rank's part)."""
         exports: dict[str, Any] = {"root": str(root)}
         for entry in self.registry.models():
             exports[entry.role] = _payload.export(
@@ -391,6 +421,15 @@ class SchedulerHooks:
                     raise RuntimeError(
                         f"checkpoint {path} for the {entry.role} model is not a directory"
                     )
+                load_format = plan.load_format or self.settings.recovery_load_format
+                _payload.check_load_format(path, load_format)
+                kept = self.residuals.get(entry.role)
+                if kept is not None and kept.error:
+                    raise _payload.PayloadRefused(
+                        f"the {entry.role} model's residual state was not kept at release "
+                        f"({kept.error}); a reload alone would leave what the checkpoint does "
+                        "not hold as the release left it"
+                    )
         return staged
 
     def _resume_with(
@@ -414,6 +453,7 @@ class SchedulerHooks:
                 hydrated[entry.role]["verify_seconds"] = staged["verify_seconds"][entry.role]
                 entry.check_live()
             detail["hydrated"] = hydrated
+            detail["residual"] = self._restore_residuals()
         else:
             original(mgr, _with_tags(recv_req, [WEIGHTS]), *args, **kwargs)
             load_format = plan.load_format or self.settings.recovery_load_format
@@ -426,6 +466,9 @@ class SchedulerHooks:
                         f"update_weights_from_disk({path}) for {role} failed: {message}"
                     )
                 loaded[role] = path
+            # SGLang's reload has run its post-load processing; what the checkpoint does not
+            # hold is still as the release left it until the kept copies go back.
+            detail["residual"] = self._restore_residuals()
             for entry in self.registry.models():
                 entry.check_live()
             detail["loaded"] = loaded
@@ -436,6 +479,16 @@ class SchedulerHooks:
         detail["storages_unchanged"] = True
         detail["seconds"] = time.perf_counter() - t0
         return detail
+
+    def _restore_residuals(self) -> dict[str, Any] | str:
+        """Writes back every model's kept residual (after its weights were refilled)."""
+        if not self.settings.keep_residual:
+            return "off"
+        return {
+            entry.role: _payload.restore_residual(entry.model, self.residuals[entry.role])
+            for entry in self.registry.models()
+            if entry.role in self.residuals
+        }
 
     def around_runner_update_from_disk(
         self, original: Any, updater: Any, model_path: str, *args: Any, **kwargs: Any
@@ -496,43 +549,40 @@ class SchedulerHooks:
             self.calibrate(runner)
 
     def calibrate(self, runner: Any) -> dict[str, Any]:
-        """Compares SGLang's own decode batch-size plan with what was warmed (and captured)."""
-        plan = decode_shape_plan(runner)
-        warmed = sorted(
-            int(b) for b in (getattr(runner, "decode_cuda_graph_capture_bs", None) or [])
-        )
-        if warmed != plan["capture_bs"]:
-            raise ShapeCalibrationError(
-                f"decode graph plan {plan['capture_bs']} (backend {plan['decode_backend']}) "
-                f"differs from the warmed batch sizes {warmed}"
-            )
-        record = {"format": SHAPE_PLAN_FORMAT, "kind": SHAPE_PLAN_KIND, **plan}
+        """Calibrates the target's graphs (coldsnap.plugin._shapes) and publishes the record in
+        shape-plan.json and the status record's `shape_calibration`. A failure is recorded,
+        never raised: raising here would crash SGLang's hook; the orchestrator fails its step
+        on a failed record instead (a capture refuses to release, and compensates)."""
+        captured, problem = None, None
         if self.settings.shape_calibration == "enforce":
-            import json
-
-            assert self.settings.artifact_dir is not None  # settings cross-check
-            path = self.settings.artifact_dir / SHAPE_PLAN_FILE
-            try:
-                captured = json.loads(path.read_text())
-            except (OSError, ValueError) as exc:
-                raise ShapeCalibrationError(
-                    f"no readable captured shape plan at {path}: {exc}"
-                ) from None
-            if (
-                captured.get("kind") != SHAPE_PLAN_KIND
-                or captured.get("format") != SHAPE_PLAN_FORMAT
-            ):
-                raise ShapeCalibrationError(f"{path} is not a shape plan record (kind/format)")
-            for key in ("decode_backend", "capture_bs"):
-                if captured.get(key) != record[key]:
-                    raise ShapeCalibrationError(
-                        f"shape plan {key}: captured {captured.get(key)!r}, now {record[key]!r}"
-                    )
-        from coldsnap._atomic import write_json_atomic
-
+            captured, problem = self._captured_shape_plan()
+        result = _shapes.calibrate(runner, captured)
+        if problem is not None:
+            result = {**result, "outcome": "failed", "error": problem}
+            result.pop("coverage", None)
+        record = {"format": SHAPE_PLAN_FORMAT, "kind": SHAPE_PLAN_KIND, **result}
         write_json_atomic(self._runtime_dir() / SHAPE_PLAN_FILE, record)
-        self.status.update("shape_calibrated", shape_plan=plan)
-        return plan
+        if record["outcome"] == "ok":
+            self.status.update("shape_calibrated", shape_calibration=record)
+        else:
+            logger.error("coldsnap: shape calibration failed: %s", record["error"])
+            self.status.update("shape_calibration_failed", shape_calibration=record)
+        return record
+
+    def _captured_shape_plan(self) -> tuple[dict[str, Any] | None, str | None]:
+        """(the shape plan published at capture, None) or (None, why it cannot be used)."""
+        assert self.settings.artifact_dir is not None  # settings cross-check
+        path = self.settings.artifact_dir / SHAPE_PLAN_FILE
+        try:
+            captured = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            return None, f"no readable captured shape plan at {path}: {exc}"
+        if not isinstance(captured, dict) or (captured.get("kind"), captured.get("format")) != (
+            SHAPE_PLAN_KIND,
+            SHAPE_PLAN_FORMAT,
+        ):
+            return None, f"{path} is not a shape plan record of format {SHAPE_PLAN_FORMAT}"
+        return captured, None
 
     # ---------------------------------------------------------------- helpers
     def _require_registered(self) -> None:
@@ -590,38 +640,10 @@ def export_root(artifact_dir: Path, operation: str | None) -> Path:
     return artifact_dir / "native" / name
 
 
-def decode_shape_plan(runner: Any) -> dict[str, Any]:
-    """The decode graph batch sizes SGLang's own functions plan for this runner."""
-    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
-
-    if runner.device == "cpu":
-        from sglang.srt.runtime_context import get_flags
-
-        if not get_flags().capture.enable_torch_compile:
-            return {"device": "cpu", "decode_backend": "disabled", "capture_bs": []}
-        from sglang.srt.model_executor.cpu_graph_runner import get_batch_sizes_to_capture as cpu_bs
-
-        return {
-            "device": "cpu",
-            "decode_backend": "cpu_graph",
-            "capture_bs": sorted(cpu_bs(runner)),
-        }
-    if check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED):
-        return {"device": runner.device, "decode_backend": "disabled", "capture_bs": []}
-    from sglang.srt.model_executor.runner.base_cuda_graph_runner import get_batch_sizes_to_capture
-
-    bs = get_batch_sizes_to_capture(runner)
-    if not (
-        isinstance(bs, tuple) and len(bs) == 2 and all(isinstance(b, int) and b > 0 for b in bs[0])
-    ):
-        raise ShapeCalibrationError(f"unrecognised decode batch-size plan {bs!r}")
-    from sglang.srt.runtime_context import get_exec
-
-    return {
-        "device": runner.device,
-        "decode_backend": str(get_exec().graph.cuda_graph_config.decode.backend),
-        "capture_bs": sorted(bs[0]),
-    }
+def live_root(process_artifact_root: Path, operation: str | None) -> Path:
+    """Where the disk backing writes the weights of one release (one directory per operation,
+    named like its export)."""
+    return process_artifact_root / "live" / export_root(process_artifact_root, operation).name
 
 
 def _reseed(seed: int | None) -> bool:

@@ -18,7 +18,9 @@ from coldsnap._errors import PluginError
 from coldsnap._wire import FLAG_VALUES, FlagError, parse_flag
 
 MODES = ("off", "capture", "restore")
-LIVE_BACKINGS = ("auto", "torch_memory_saver", "host_discard", "none")
+# What released weights keep, and where (coldsnap.plugin._memory): nothing, a host copy, or a
+# native pack under the process artifact root.
+LIVE_BACKINGS = ("discard", "cpu", "disk")
 STARTUP_PROVIDERS = ("checkpoint", "native", "recovery")
 # Load formats that read a checkpoint from a local directory (SGLang `LoadFormat` values);
 # admission also checks that the installed SGLang knows the one chosen.
@@ -44,11 +46,19 @@ class Settings:
 
     mode: off (inert: no hooks), capture (an engine launched to be captured), restore (an
         engine constructed from a restored n580 template).
-    live_backing: how released weights give their memory back: torch_memory_saver (CUDA VMM
-        regions), host_discard (CPU: the pages of the registered storages are returned to the
-        kernel and refilled in place by hydration), auto (the first that applies), none. On
-        CUDA only torch_memory_saver and auto are accepted (the memory adapter refuses the others
-        when it is created: they free no device memory).
+    live_backing: what released weights keep, and where: discard (nothing: CPU pages go back
+        to the kernel, CUDA regions to the device; the resume refills them from its source),
+        cpu (a host copy: the CPU pages stay, CUDA uses torch_memory_saver's CPU backup), disk
+        (a native pack written under process_artifact_root, then discarded).
+    process_artifact_root: where the disk backing writes (`<root>/live/<operation>/`).
+    artifact_preverified: the one reading of COLDSNAP_ARTIFACT_PREVERIFIED; every hydration the
+        plugin runs passes it on (the native provider reads no variable itself).
+    recovery_load_format: SGLang's load format for recovery reloads (a plan may name another);
+        the checkpoint must hold files of that format (refused before memory changes).
+    keep_residual: at a release, keep a host copy of what the model's checkpoint does not hold
+        (buffers such as rotary caches, parameters the checkpoint omits) and restore it after
+        every refill. Off only to show what the residual restores (a recovery then leaves those
+        tensors as the release left them).
     rank_timeout_s: how long a TP rank waits for the others at a release or resume barrier
         before it fails naming those that did not arrive.
     """
@@ -56,7 +66,7 @@ class Settings:
     mode: str = "off"
     artifact_dir: Path | None = None
     process_artifact_root: Path | None = None
-    live_backing: str = "auto"
+    live_backing: str = "discard"
     runtime_dir: Path | None = None
     artifact_preverified: bool = False
     export_model_payload: bool = False
@@ -65,6 +75,7 @@ class Settings:
     async_cuda_graphs: bool = False
     shape_calibration: str = "off"
     rank_timeout_s: float = DEFAULT_RANK_TIMEOUT_S
+    keep_residual: bool = True
 
     @property
     def active(self) -> bool:
@@ -89,6 +100,7 @@ _VARIABLES: dict[str, tuple[str, str, tuple[str, ...] | None]] = {
     "COLDSNAP_ASYNC_CUDA_GRAPHS": ("async_cuda_graphs", "bool", BOOL_VALUES),
     "COLDSNAP_SHAPE_CALIBRATION": ("shape_calibration", "choice", SHAPE_CALIBRATIONS),
     "COLDSNAP_RANK_TIMEOUT_S": ("rank_timeout_s", "seconds", None),
+    "COLDSNAP_KEEP_RESIDUAL": ("keep_residual", "bool", BOOL_VALUES),
 }
 VARIABLES = tuple(_VARIABLES)
 
@@ -186,6 +198,13 @@ def _cross_checks(s: Settings) -> list[tuple[str, str]]:
                 "COLDSNAP_SGLANG_STARTUP_PROVIDER",
                 f"{s.startup_provider!r} applies only with COLDSNAP_MODE=restore "
                 f"(accepted here: checkpoint)",
+            )
+        )
+    if s.live_backing == "disk" and s.process_artifact_root is None:
+        problems.append(
+            (
+                "COLDSNAP_PROCESS_ARTIFACT_ROOT",
+                "must be set when COLDSNAP_LIVE_BACKING=disk (accepted: an absolute path)",
             )
         )
     if s.shape_calibration == "enforce" and s.artifact_dir is None:

@@ -103,25 +103,42 @@ class RecoveryProvider:
         )
 
     def stage(self, ctx: StepContext) -> dict[str, Any]:
-        """Checks every pinned file of the checkpoint by its sha256."""
+        """Checks every pinned file of the checkpoint by its sha256, and of the speculative
+        draft model's when the capsule binds one (from the request's `draft.path`: a draft
+        recovers from its own pinned checkpoint, never the target's)."""
         path = ctx.request.model.path
         pinned: dict[str, str] = ctx.facts[s.CAPSULE_CHECKPOINT.name]
         if not pinned:
             raise CheckpointError(
                 f"model.path {path}", ["the capsule pins no checkpoint file to check against"]
             )
-        found = {f.name: f.sha256 for f in checkpoint_digests(path)}
-        wrong = [
-            f"{name}: {'missing' if name not in found else 'differs from its pinned digest'}"
-            for name, digest in sorted(pinned.items())
-            if found.get(name) != digest
-        ]
-        if wrong:
-            raise CheckpointError(f"model.path {path}: not the pinned checkpoint", wrong)
+        _check_pins("model.path", path, pinned)
+        source = {"provider": self.name, "checkpoint": path}
+        draft_pins: dict[str, str] = ctx.facts.get(s.CAPSULE_DRAFT_CHECKPOINT.name) or {}
+        if draft_pins:
+            draft = getattr(ctx.request, "draft", None)
+            if draft is None:
+                raise CheckpointError(
+                    "draft", ["the capsule serves a speculative draft model: name its checkpoint"]
+                )
+            _check_pins("draft.path", draft.path, draft_pins)
+            source["draft_checkpoint"] = draft.path
         return {
-            s.WEIGHT_SOURCE.name: {"provider": self.name, "checkpoint": path},
-            s.CHECKPOINT_FILES.name: len(pinned),
+            s.WEIGHT_SOURCE.name: source,
+            s.CHECKPOINT_FILES.name: len(pinned) + len(draft_pins),
         }
+
+
+def _check_pins(field: str, path: str, pinned: dict[str, str]) -> None:
+    """CheckpointError naming every pinned file under `path` that is missing or differs."""
+    found = {f.name: f.sha256 for f in checkpoint_digests(path)}
+    wrong = [
+        f"{name}: {'missing' if name not in found else 'differs from its pinned digest'}"
+        for name, digest in sorted(pinned.items())
+        if found.get(name) != digest
+    ]
+    if wrong:
+        raise CheckpointError(f"{field} {path}: not the pinned checkpoint", wrong)
 
 
 def build_native(request: Any) -> NativeProvider:

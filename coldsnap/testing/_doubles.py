@@ -489,6 +489,7 @@ class MemoryEngine(_Double):
             s.RESIDUAL_DEVICE_BYTES.name: 0,
             s.TP_SIZE.name: tp,
             s.RANK_PIDS.name: {},
+            s.SHAPE_COVERAGE.name: None,  # a toy engine warms no graph shapes
         }
 
     def resume_memory(self, ctx: StepContext) -> None:
@@ -678,6 +679,7 @@ class MemoryStore(_Double):
             },
             s.IMAGE_DIR.name: image,
             s.CAPSULE_CHECKPOINT.name: capsule["checkpoint"],
+            s.CAPSULE_DRAFT_CHECKPOINT.name: {},  # the doubles serve no draft model
             s.PAYLOAD_DIR.name: payload,
         }
 

@@ -341,6 +341,10 @@ _names = st.one_of(
 )
 
 
+# An "extra" key that is a member's own field replaces that field instead of adding one.
+_MEMBER_FIELDS = ("role", "name", "digest", "size")
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     damage=st.one_of(
@@ -348,7 +352,10 @@ _names = st.one_of(
         st.tuples(st.just("digest"), st.text(max_size=70)),
         st.tuples(st.just("size"), st.one_of(st.integers(max_value=-1), st.text(max_size=3))),
         st.tuples(st.just("duplicate"), st.none()),
-        st.tuples(st.just("extra"), st.text(min_size=1, max_size=5)),
+        st.tuples(
+            st.just("extra"),
+            st.text(min_size=1, max_size=5).filter(lambda k: k not in _MEMBER_FIELDS),
+        ),
         st.tuples(st.just("kind"), st.text(max_size=10)),
         st.tuples(st.just("format"), st.integers().filter(lambda n: n != 1)),
     )

@@ -107,16 +107,29 @@ def test_pid_collision_names_the_holder():
     assert "new PID namespace" in str(info.value)
 
 
-def test_pid_collision_names_a_zombie():
-    child = subprocess.Popen(["true"])
+def test_pid_collision_names_a_zombie_of_another_parent():
+    script = "import os, time\npid = os.fork()\nif pid == 0:\n    os._exit(0)\n"
+    script += "print(pid, flush=True)\ntime.sleep(60)\n"
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
-        wait_for_zombie(child.pid)
+        assert parent.stdout is not None
+        grandchild = int(parent.stdout.readline())
+        wait_for_zombie(grandchild)
         with pytest.raises(PidCollision, match="zombie"):
-            check_pids_free([child.pid])
+            check_pids_free([grandchild])
     finally:
-        child.wait()
-    check_pids_free([child.pid])  # reaped: free again
+        parent.kill()
+        parent.wait()
+
+
+def test_a_zombie_child_of_ours_is_reaped_and_its_pid_is_free():
+    """The orchestrator is a subreaper: a restored tree stopped by another process ends as
+    zombies of ours, which must not block the next restore of the same image."""
+    child = subprocess.Popen(["true"])
+    wait_for_zombie(child.pid)
+    check_pids_free([child.pid])
     assert describe_pid(child.pid).startswith("nothing")
+    child.wait()  # Popen copes with a child reaped under it
 
 
 def wait_for_zombie(pid: int) -> None:

@@ -47,6 +47,7 @@ class Ctx:
         )
         self._facts = facts
         self.recorded: list[dict[str, Any]] = []
+        self.advanced: list[tuple[str, int, int]] = []
 
     @property
     def facts(self) -> dict[str, Any]:
@@ -55,6 +56,9 @@ class Ctx:
     def record(self, **facts: Any) -> None:
         self.recorded.append(facts)
         self._facts.update(facts)
+
+    def advance(self, what: str, done: int, total: int, started: float) -> None:
+        self.advanced.append((what, done, total))
 
     def check(self) -> None:
         return None
@@ -511,7 +515,7 @@ def test_a_capture_record_binds_its_engine_args_and_refuses_format_1(
     data = json.loads(to_json(record))
     assert read_record(json.dumps(data)) == record
     old = {k: v for k, v in data.items() if k != "engine_args"} | {"format": 1}
-    with pytest.raises(RecordError, match="format: expected 2, found 1"):
+    with pytest.raises(RecordError, match=r"format: expected one of \[2, 3\], found 1"):
         read_record(json.dumps(old))
     with pytest.raises(RecordError, match="engine_args: expected a list of strings"):
         read_record(json.dumps(data | {"engine_args": "--dtype float16"}))
@@ -530,3 +534,14 @@ def test_discard_layout_undoes_admit_and_keeps_the_store(tmp_path: Path, model: 
     store = Store(tmp_path / "store")
     store.verify()
     assert _admit(tmp_path).facts[s.IMAGE_DIR.name]
+
+
+def test_seal_and_admit_show_their_bytes_as_they_go(tmp_path: Path, model: Path) -> None:
+    """Seal counts every byte it takes in (image and payload) and every image block it hashes;
+    admit every image byte it verifies: each meter ends at its total."""
+    sealed = _seal(tmp_path, model, payload=True)
+    image, payload = len(b"pages") + len(b"p"), len(b"{}") + len(b"pack")  # as _seal lays out
+    ends = {what: (done, total) for what, done, total in sealed.advanced}
+    assert ends == {"sealed": (image + payload,) * 2, "hashed image blocks": (image, image)}
+    admitted = _admit(tmp_path)
+    assert admitted.advanced[-1] == ("verified", image, image)

@@ -90,4 +90,29 @@ def test_the_notice_says_what_coldsnap_changed() -> None:
     assert "127.0.0.1 at a free port" in plain and "--port" in plain
     mine = notice(parse_launch([*LAUNCH, "--model-path", "/m", "--port", "30000",
                                 "--host", "0.0.0.0"]))  # fmt: skip
-    assert "restore with --port 30000" in mine and "--host 0.0.0.0 is not used" in mine
+    assert "restores serve on your 0.0.0.0:30000 unless given --host/--port" in mine
+
+
+def test_the_draft_model_becomes_the_request_s_draft(tmp_path) -> None:
+    """The draft is the capsule's field `draft`, never an engine flag; a Hugging Face id needs
+    its revision, named by the flag the user would add."""
+    from coldsnap.cli._operations import _capture_request
+    from coldsnap.machine import RequestError
+
+    (tmp_path / "target").mkdir()
+    (tmp_path / "draft").mkdir()
+    head = ["python", "-m", "sglang.launch_server", "--model-path", str(tmp_path / "target")]
+    spec = ["--speculative-algorithm", "STANDALONE"]
+    line = parse_launch([*head, *spec, "--speculative-draft-model-path", str(tmp_path / "draft")])
+    assert line.draft_path == str(tmp_path / "draft") and line.engine_args == tuple(spec)
+    options = dict(name="t", driver="n610", provider="native", store=tmp_path / "s", workdir=None,
+                   model_id=None, revision=None, keep_source=False)  # fmt: skip
+    request = _capture_request(
+        (*head, *spec, f"--speculative-draft-model-path={tmp_path / 'draft'}"), **options
+    )
+    assert request.draft is not None and request.draft.path == str((tmp_path / "draft").resolve())
+    assert "--speculative-draft-model-path" not in " ".join(request.engine_args)
+    with pytest.raises(RequestError, match="needs --speculative-draft-model-revision"):
+        _capture_request((*head, "--speculative-draft-model-path", "org/draft"), **options)
+    with pytest.raises(CommandLineError, match="needs --speculative-draft-model-path"):
+        parse_launch([*head, "--speculative-draft-model-revision", "abc"])

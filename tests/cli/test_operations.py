@@ -51,7 +51,8 @@ def test_print_request_makes_the_request_file_of_a_command_line(tmp_path, model)
     assert request.name == "tiny-llama" and request.tp == 1 and request.store == str(store)
     assert request.engine_args == ("--dtype", "bfloat16")
     assert Path(request.workdir).parent == tmp_path / "ops"
-    assert "restore with --port 30000" in result.stderr
+    assert "restores serve on your 127.0.0.1:30000" in result.stderr
+    assert request.serve_port == 30000 and request.serve_host is None
     assert not store.exists(), "--print-request made the store"
 
 

@@ -67,6 +67,24 @@ def e2e_ready() -> None:
         pytest.skip(reason)
 
 
+@pytest.fixture(scope="session")
+def tiny_cold(e2e_ready: None, tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int, ...]]:
+    """What a plain SGLang (no plugin loaded) started from nothing answers to PROMPTS with the
+    tiny Llama of seed 0: the reference of every module that captures that model (one cold
+    start for the session: the model is the same bytes wherever it is built)."""
+    from coldsnap.cli._demo import start_plain_server, wait_first_answer
+    from coldsnap.tiny_models import build_model
+
+    root = tmp_path_factory.mktemp("tiny-cold")
+    model = build_model(root / "tiny-llama", arch="llama", size="tiny", seed=0).path
+    server = start_plain_server(model, root / "cold.log")
+    try:
+        wait_first_answer(server)
+        return answers(server.url)
+    finally:
+        server.stop()
+
+
 def model_ref(path: Path, model_id: str = "tiny-llama") -> ModelRef:
     return ModelRef(id=model_id, revision="r1", path=str(path))
 

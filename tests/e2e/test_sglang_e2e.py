@@ -60,16 +60,10 @@ def tiny(e2e_ready: None, root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cold(tiny: Path, root: Path) -> list[tuple[int, ...]]:
-    """A plain SGLang (no plugin loaded: SGLANG_PLUGINS names none) started from nothing."""
-    from coldsnap.cli._demo import start_plain_server, wait_first_answer
-
-    server = start_plain_server(tiny, root / "cold.log")
-    try:
-        wait_first_answer(server)
-        return answers(server.url)
-    finally:
-        server.stop()
+def cold(tiny_cold: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """A plain SGLang (no plugin loaded: SGLANG_PLUGINS names none) started from nothing
+    (conftest's `tiny_cold`, shared with the command line's end-to-end test)."""
+    return tiny_cold
 
 
 @frozen

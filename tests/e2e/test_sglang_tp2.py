@@ -1,12 +1,15 @@
 """A real SGLang server with two tensor-parallel ranks on CPU (gloo), captured and restored
 through `Machine` with both drivers and both providers.
 
-One cold TP2 start (no plugin) answers a fixed prompt set: the reference. For each of n610 and
-n580 x native and recovery, one capture at tp=2 and one restore; the restore answers like the
+One cold TP2 start (no plugin) answers a fixed prompt set: the reference. For n610 native and
+recovery and n580 native, one capture at tp=2 and one restore; the restore answers like the
 cold start, token for token, and leaves no process behind; the capsule refuses a restore at
-tp=1 naming the field. Once (n610 native) a rank is killed during a restore: the restore fails
-naming that rank and leaves nothing running. Everything runs one after the other: one server
-at a time on these 2-core hosts.
+tp=1 naming the field. (n580 recovery is left out to keep `make test` in its time: its restore
+is SGLang building a TP2 engine from the checkpoint with its own loader, which the cold start
+already does; each provider's per-rank path runs here with a restored tree, n610, and each
+driver with a native payload.) Once (n610 native) a rank is killed during a restore: the
+restore fails naming that rank and leaves nothing running. Everything runs one after the
+other: one server at a time on these 2-core hosts.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from .conftest import answers, capture_request, leftovers, model_ref, restore_re
 
 pytestmark = [pytest.mark.criu, pytest.mark.sglang, pytest.mark.slow]
 TP = 2
-VARIANTS = [(d, p) for d in ("n610", "n580") for p in ("native", "recovery")]
+VARIANTS = [("n610", "native"), ("n610", "recovery"), ("n580", "native")]
 KILLED_RANK = 1
 
 

@@ -172,6 +172,7 @@ def test_release_names_the_tags_and_the_export_dir(tmp_path: Path) -> None:
         s.RESIDUAL_DEVICE_BYTES.name: 0,
         s.TP_SIZE.name: 1,
         s.RANK_PIDS.name: {},
+        s.SHAPE_COVERAGE.name: None,  # no scheduler published one
     }
     assert mock.tags("/release_memory_occupation") == [["kv_cache", "weights"]]
 

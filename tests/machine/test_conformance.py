@@ -35,6 +35,6 @@ class MemoryConformance(MachineConformance):
 
 
 MemoryConformance.TestCase.settings = settings(
-    max_examples=200, stateful_step_count=8, deadline=None
+    max_examples=80, stateful_step_count=8, deadline=None
 )
 TestMemoryConformance = MemoryConformance.TestCase

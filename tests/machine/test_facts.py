@@ -144,3 +144,34 @@ def test_the_doubles_implement_their_protocols() -> None:
     assert MemoryProcessDriver(world).capabilities == {"cuda"}
     assert MemoryProcessDriver(world, cuda=False).capabilities == frozenset()
     assert MemoryProvider(world, "recovery").capabilities == {"checkpoint"}
+
+
+def test_advance_shows_bytes_and_rate_to_subscribers_throttled_and_unjournaled(tmp_path) -> None:
+    """A long step's bytes reach the subscribers as `progress` events (the first, then at most
+    one per PROGRESS_EVERY_S, and the last), and none of them is journaled."""
+    import time
+
+    from coldsnap.machine import StepEvent
+
+    class Counting(MemoryProcessDriver):
+        def launch_engine(self, ctx: StepContext) -> dict[str, Any]:
+            started = time.monotonic() - 1.0
+            for done in range(0, 4 << 30, 1 << 28):  # 16 reports at once: only the first shows
+                ctx.advance("copied", done, 4 << 30, started)
+            ctx.advance("copied", 4 << 30, 4 << 30, started)  # the end always shows
+            return super().launch_engine(ctx)
+
+    world = MemoryWorld()
+    request = capture_request(tmp_path)
+    components = {**memory_components(world, request), "driver": Counting(world)}
+    machine = Machine(**components, registry=memory_registry(world))
+    seen: list[StepEvent] = []
+    machine.subscribe(seen.append)
+    receipt = machine.capture(request)
+    assert receipt.ok, receipt.error
+    shown = [e.detail for e in seen if e.phase == "progress" and e.detail.startswith("copied")]
+    assert shown[0].startswith("copied 0.00 of 4.00 GiB, ")
+    assert shown[-1].startswith("copied 4.00 of 4.00 GiB, ") and shown[-1].endswith(" GiB/s")
+    assert len(shown) == 2, shown
+    journaled = [r for r in read_journal(tmp_path / "cap" / JOURNAL_NAME) if r.event == "progress"]
+    assert not any("copied" in str(r.facts) for r in journaled)

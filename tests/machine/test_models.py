@@ -74,6 +74,9 @@ class Ctx:
     def record(self, **facts: Any) -> None:
         self.facts.update(facts)
 
+    def advance(self, what: str, done: int, total: int, started: float) -> None:
+        return None
+
     def check(self) -> None:
         return None
 

@@ -24,7 +24,7 @@ from coldsnap.testing import (
 
 from ._support import capture_request, restore_request
 
-EXAMPLES = settings(max_examples=200, deadline=None)
+EXAMPLES = settings(max_examples=100, deadline=None)
 
 
 class _Scene:

@@ -234,7 +234,7 @@ def test_both_releases_are_admitted_each_with_its_own_variants(
         # contract has one, else the shared one.
         assert here.variants()[c.key] == f"{c.seen_in}:{c.variant}", c.key
         assert report_0517["variants"][c.key] == seen.get("0.5.17", seen["0.5.23"]), c.key
-    assert sum(1 for c in CONTRACTS if c.variants) == 8
+    assert sum(1 for c in CONTRACTS if c.variants) == 9
 
 
 def test_digests_name_the_variants_so_capsules_do_not_cross_builds(

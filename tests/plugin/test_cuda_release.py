@@ -313,18 +313,23 @@ class Saver:
         pass
 
 
-@pytest.mark.parametrize("backing", ["host_discard", "none"])
-def test_on_cuda_backings_that_free_no_device_memory_are_refused(
-    monkeypatch: pytest.MonkeyPatch, backing: str
-) -> None:
-    monkeypatch.setattr(_memory, "_cuda_available", lambda: True)
-    with pytest.raises(MemoryBackendError, match=f"COLDSNAP_LIVE_BACKING={backing} frees no"):
+@pytest.mark.parametrize("backing", ["auto", "host_discard", "torch_memory_saver", "none"])
+def test_backings_other_than_discard_cpu_disk_are_refused(backing: str) -> None:
+    with pytest.raises(MemoryBackendError, match="is not one of: discard, cpu, disk"):
         ColdsnapMemorySaverAdapter(Saver(), live_backing=backing)
 
 
-def test_on_cuda_auto_never_falls_back_to_host_discard(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("backing", ["discard", "disk"])
+def test_on_cuda_discard_never_falls_back_to_host_discard(
+    monkeypatch: pytest.MonkeyPatch, backing: str
+) -> None:
     monkeypatch.setattr(_memory, "_cuda_available", lambda: True)
-    adapter = ColdsnapMemorySaverAdapter(Saver(), live_backing="auto")
+    adapter = ColdsnapMemorySaverAdapter(Saver(), live_backing=backing)
+    adapter.pause("weights")
     assert adapter.freed_by() == "none"  # measured at release, and refused there
-    with pytest.raises(MemoryBackendError, match="not enabled"):
-        ColdsnapMemorySaverAdapter(Saver(), live_backing="torch_memory_saver").pause("weights")
+
+
+def test_on_cuda_cpu_backing_needs_the_saver(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_memory, "_cuda_available", lambda: True)
+    with pytest.raises(MemoryBackendError, match=r"LIVE_BACKING=cpu on CUDA .* not enabled"):
+        ColdsnapMemorySaverAdapter(Saver(), live_backing="cpu").pause("weights")

@@ -96,7 +96,7 @@ def test_host_release_frees_pages_keeps_addresses_and_hydration_refills(tmp_path
     reg = StorageRegistry()
     reg.register("target", model)
     backend = HostDiscardBackend(reg)
-    adapter = ColdsnapMemorySaverAdapter(NoopSaver(), live_backing="auto", host=backend)
+    adapter = ColdsnapMemorySaverAdapter(NoopSaver(), live_backing="discard", host=backend)
     r0 = rss()
     adapter.pause("weights")
     dropped = r0 - rss()
@@ -116,7 +116,7 @@ def test_host_release_frees_pages_keeps_addresses_and_hydration_refills(tmp_path
 def test_adapter_delegates_everything_to_sglangs_adapter() -> None:
     inner = NoopSaver()
     adapter = ColdsnapMemorySaverAdapter(
-        inner, live_backing="none", host=HostDiscardBackend(StorageRegistry())
+        inner, live_backing="cpu", host=HostDiscardBackend(StorageRegistry())
     )
     with adapter.region("weights"):
         pass
@@ -126,18 +126,17 @@ def test_adapter_delegates_everything_to_sglangs_adapter() -> None:
     assert adapter.enabled is False and adapter.freed_by() == "none"
 
 
-def test_explicit_torch_memory_saver_backing_needs_the_saver() -> None:
-    adapter = ColdsnapMemorySaverAdapter(
-        NoopSaver(enabled=False), live_backing="torch_memory_saver"
-    )
-    with pytest.raises(MemoryBackendError, match="--enable-memory-saver"):
-        adapter.pause("weights")
+def test_an_unknown_backing_is_refused_with_the_accepted_list() -> None:
+    with pytest.raises(MemoryBackendError, match="is not one of: discard, cpu, disk"):
+        ColdsnapMemorySaverAdapter(NoopSaver(), live_backing="torch_memory_saver")
 
 
-def test_auto_backing_leaves_cuda_work_to_torch_memory_saver() -> None:
+def test_discard_backing_leaves_cuda_work_to_torch_memory_saver() -> None:
     reg = StorageRegistry()
     backend = HostDiscardBackend(reg)
-    adapter = ColdsnapMemorySaverAdapter(NoopSaver(enabled=True), live_backing="auto", host=backend)
+    adapter = ColdsnapMemorySaverAdapter(
+        NoopSaver(enabled=True), live_backing="discard", host=backend
+    )
     adapter.pause("weights")
     assert adapter.freed_by() == "torch_memory_saver"
     assert backend.released == set()

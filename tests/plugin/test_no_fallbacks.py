@@ -183,22 +183,20 @@ def test_runtime_dir_naming_a_regular_file_is_refused(tmp_path: Path) -> None:
     load_settings({"COLDSNAP_MODE": "capture", "COLDSNAP_RUNTIME_DIR": str(tmp_path / "new")})
 
 
-def test_artifact_preverified_has_one_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_artifact_preverified_has_one_parser_and_one_reader() -> None:
+    """The plugin's settings read COLDSNAP_ARTIFACT_PREVERIFIED (with coldsnap._wire's one
+    flag parser); the native provider reads no variable: its callers pass `verify`."""
+    import inspect
+
     import coldsnap._wire as wire
     import coldsnap.plugin._settings as settings
     import coldsnap.providers.native._hydrate as hydrate
-    from coldsnap.providers.native._hydrate import VariableError
 
-    assert settings.parse_flag is wire.parse_flag and hydrate.parse_flag is wire.parse_flag
-    for raw in ("1", " TRUE ", "yes", "On", "0", "false", "NO", "off", "", "  ", "2", "y", "tru e"):
-        env = {"COLDSNAP_ARTIFACT_PREVERIFIED": raw}
-        try:
-            plugin: bool | None = load_settings(env).artifact_preverified
-        except SettingsError:
-            plugin = None
-        monkeypatch.setenv("COLDSNAP_ARTIFACT_PREVERIFIED", raw)
-        try:
-            native: bool | None = not hydrate.verify_by_default()
-        except VariableError:
-            native = None
-        assert plugin == native, raw
+    assert settings.parse_flag is wire.parse_flag
+    assert "os.environ" not in inspect.getsource(hydrate)
+    for raw in ("1", " TRUE ", "yes", "On", "0", "false", "NO", "off", "", "  "):
+        want = raw.strip().lower() in wire.FLAG_TRUE
+        assert load_settings({"COLDSNAP_ARTIFACT_PREVERIFIED": raw}).artifact_preverified is want
+    for raw in ("2", "y", "tru e"):
+        with pytest.raises(SettingsError, match="COLDSNAP_ARTIFACT_PREVERIFIED"):
+            load_settings({"COLDSNAP_ARTIFACT_PREVERIFIED": raw})

@@ -1,9 +1,8 @@
 """Scheduler-side hooks on fakes, for the paths a CPU server cannot run: a draft model's
-recovery path, async decode-graph capture and shape calibration."""
+recovery path and async decode-graph capture (shape calibration: test_calibration.py)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -93,44 +92,6 @@ def test_async_capture_is_target_only(tmp_path: Path) -> None:
     calls: list[Any] = []
     h.around_init_cuda_graphs(lambda r, *a, **k: calls.append((a, k)), FakeRunner(draft=True))
     assert calls == [((), {})] and not h.async_decode_pending
-
-
-def test_shape_calibration_fails_on_mismatch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    h = hooks(tmp_path, shape_calibration="record")
-    runner = FakeRunner()
-    plan = {"device": "cuda", "decode_backend": "full", "capture_bs": [1, 2, 4, 8]}
-    monkeypatch.setattr(sched, "decode_shape_plan", lambda r: dict(plan))
-    runner.decode_cuda_graph_capture_bs = [1, 2, 4]
-    with pytest.raises(
-        sched.ShapeCalibrationError, match=r"differs from the warmed batch sizes \[1, 2, 4\]"
-    ):
-        h.calibrate(runner)
-    runner.decode_cuda_graph_capture_bs = [8, 4, 2, 1]
-    assert h.calibrate(runner)["capture_bs"] == [1, 2, 4, 8]
-    assert (tmp_path / "shape-plan.json").exists()
-
-
-def test_enforced_calibration_compares_with_the_captured_plan(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    art = tmp_path / "art"
-    art.mkdir()
-    h = hooks(tmp_path, shape_calibration="enforce", artifact_dir=art)
-    runner = FakeRunner()
-    runner.decode_cuda_graph_capture_bs = [1, 2]
-    monkeypatch.setattr(
-        sched,
-        "decode_shape_plan",
-        lambda r: {"device": "cuda", "decode_backend": "full", "capture_bs": [1, 2]},
-    )
-    with pytest.raises(sched.ShapeCalibrationError, match="no readable captured shape plan"):
-        h.calibrate(runner)
-    captured = {"format": 1, "kind": "coldsnap.sglang.shape-plan", "decode_backend": "full"}
-    (art / "shape-plan.json").write_text(json.dumps({**captured, "capture_bs": [1, 2, 4]}))
-    with pytest.raises(sched.ShapeCalibrationError, match="capture_bs: captured"):
-        h.calibrate(runner)
 
 
 def test_export_root_is_per_operation_and_safe(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ def test_every_variable_of_the_design_is_parsed() -> None:
         "COLDSNAP_MODE": "restore",
         "COLDSNAP_ARTIFACT_DIR": "/a/art",
         "COLDSNAP_PROCESS_ARTIFACT_ROOT": "/a/proc",
-        "COLDSNAP_LIVE_BACKING": "host_discard",
+        "COLDSNAP_LIVE_BACKING": "disk",
         "COLDSNAP_RUNTIME_DIR": "/a/run",
         "COLDSNAP_ARTIFACT_PREVERIFIED": "1",
         "COLDSNAP_EXPORT_MODEL_PAYLOAD": "true",
@@ -31,6 +31,7 @@ def test_every_variable_of_the_design_is_parsed() -> None:
         "COLDSNAP_ASYNC_CUDA_GRAPHS": "yes",
         "COLDSNAP_SHAPE_CALIBRATION": "enforce",
         "COLDSNAP_RANK_TIMEOUT_S": "12.5",
+        "COLDSNAP_KEEP_RESIDUAL": "0",
     }
     assert set(env) == set(VARIABLES)
     s = load_settings(env)
@@ -38,7 +39,7 @@ def test_every_variable_of_the_design_is_parsed() -> None:
         mode="restore",
         artifact_dir=Path("/a/art"),
         process_artifact_root=Path("/a/proc"),
-        live_backing="host_discard",
+        live_backing="disk",
         runtime_dir=Path("/a/run"),
         artifact_preverified=True,
         export_model_payload=True,
@@ -47,6 +48,7 @@ def test_every_variable_of_the_design_is_parsed() -> None:
         async_cuda_graphs=True,
         shape_calibration="enforce",
         rank_timeout_s=12.5,
+        keep_residual=False,
     )
 
 
@@ -61,7 +63,10 @@ def test_a_rank_timeout_must_be_positive_seconds(raw: str) -> None:
     ("name", "value", "accepted"),
     [
         ("COLDSNAP_MODE", "sideways", "off, capture, restore"),
-        ("COLDSNAP_LIVE_BACKING", "gpu", "auto, torch_memory_saver, host_discard, none"),
+        ("COLDSNAP_LIVE_BACKING", "gpu", "discard, cpu, disk"),
+        ("COLDSNAP_LIVE_BACKING", "auto", "discard, cpu, disk"),
+        ("COLDSNAP_LIVE_BACKING", "host_discard", "discard, cpu, disk"),
+        ("COLDSNAP_KEEP_RESIDUAL", "keep", "0, 1, true, false"),
         ("COLDSNAP_SGLANG_STARTUP_PROVIDER", "s3", "checkpoint, native, recovery"),
         ("COLDSNAP_SGLANG_RECOVERY_LOAD_FORMAT", "gguf", "auto, safetensors, pt"),
         ("COLDSNAP_SHAPE_CALIBRATION", "maybe", "off, record, enforce"),
@@ -106,6 +111,7 @@ def test_all_problems_are_reported_at_once() -> None:
             "COLDSNAP_SGLANG_STARTUP_PROVIDER",
         ),
         ({**BASE, "COLDSNAP_SHAPE_CALIBRATION": "enforce"}, "COLDSNAP_ARTIFACT_DIR"),
+        ({**BASE, "COLDSNAP_LIVE_BACKING": "disk"}, "COLDSNAP_PROCESS_ARTIFACT_ROOT"),
     ],
 )
 def test_combinations_that_cannot_work_are_refused(env: dict[str, str], variable: str) -> None:

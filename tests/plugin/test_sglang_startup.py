@@ -39,7 +39,7 @@ def test_bad_setting_stops_startup_with_the_message(
         )
     message = str(info.value)
     assert "exited with code" in message
-    accepted = "auto, torch_memory_saver, host_discard, none"
+    accepted = "discard, cpu, disk"
     assert f"COLDSNAP_LIVE_BACKING: 'gpu-vmm' is not one of: {accepted}" in message
     assert "COLDSNAP_SHAPE_CALIBRATION: 'x' is not one of: off, record, enforce" in message
     # It stops in the launcher, before any scheduler starts or any port opens.

@@ -200,7 +200,11 @@ def test_async_decode_graph_and_shape_plan_on_cpu(served: Served) -> None:
     events = [e["event"] for e in sched["events"]]
     assert events.index("decode_graph_deferred") < events.index("decode_graph_captured")
     assert sched["async_decode_graph"]["capture_bs"] == []
-    assert sched["shape_plan"] == {"device": "cpu", "decode_backend": "disabled", "capture_bs": []}
+    calibration = sched["shape_calibration"]
+    assert (calibration["outcome"], calibration["error"]) == ("ok", None)
+    disabled = {"backend": "disabled", "shapes": []}
+    assert calibration["coverage"] == {"device": "cpu", "decode": disabled, "prefill": disabled}
+    assert calibration["phases"]["prefill"] == {"backend": "disabled", "planned": [], "warmed": []}
     assert (served.runtime / "shape-plan.json").exists()
 
 

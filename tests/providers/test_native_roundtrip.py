@@ -145,7 +145,7 @@ def test_multiple_packs_and_a_reused_hydrator(tmp_path):
         hydrator.verify(PackDirectory(tmp_path / "p"))
 
 
-def test_preverified_env_skips_verification(tmp_path, monkeypatch):
+def test_preverified_skips_verification_only_when_asked(tmp_path, monkeypatch):
     src = {"w": torch.arange(4096, dtype=torch.float32)}
     index = export_pack(src, tmp_path / "p").index
     pack = tmp_path / "p" / (index.packs[0].digest.removeprefix("sha256:") + ".pack")
@@ -153,8 +153,10 @@ def test_preverified_env_skips_verification(tmp_path, monkeypatch):
         handle.seek(8)
         handle.write(b"\x7f")
     dst = {"w": torch.zeros(4096)}
-    monkeypatch.setenv(PREVERIFIED_ENV, "1")
-    report = hydrate_pack(dst, PackDirectory(tmp_path / "p"))
+    monkeypatch.setenv(PREVERIFIED_ENV, "1")  # read by the plugin's settings only, not here
+    with pytest.raises(PackDamaged, match="checksum"):
+        hydrate_pack(dst, PackDirectory(tmp_path / "p"))
+    report = hydrate_pack(dst, PackDirectory(tmp_path / "p"), verify=False)
     assert not report.verified and report.verify_seconds == 0.0
     assert not torch.equal(dst["w"], src["w"])  # the flipped byte went through unchecked
     monkeypatch.delenv(PREVERIFIED_ENV)

@@ -24,6 +24,7 @@ def build(request: Any, engine: Engine) -> N580Driver:
         launcher=launcher,
         preload=launcher.template_preload,
         forkserver_preload=launcher.forkserver_preload,
+        template_env=getattr(launcher, "template_env", None),
     )
 
 

@@ -7,6 +7,7 @@ import json
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ class N580Driver:
         launcher: Launcher,
         preload: tuple[str, ...],
         forkserver_preload: tuple[str, ...] | None = None,
+        template_env: Mapping[str, str] | None = None,
         criu: Criu | None = None,
         control_root: Path = CONTROL_ROOT,
         python: str = sys.executable,
@@ -53,6 +55,7 @@ class N580Driver:
         self.launcher = launcher
         self.preload = preload
         self.forkserver_preload = forkserver_preload
+        self.template_env = dict(template_env or {})
         self.criu = criu or Criu()
         self.control_root = control_root
         self.python = python
@@ -80,7 +83,7 @@ class N580Driver:
                     else ()
                 ),
             ),
-            env=engine.env,
+            env={**engine.env, **self.template_env},
             url=engine.url,
             cwd=engine.cwd,
         )

@@ -32,11 +32,20 @@ def reseed() -> None:
         torch.manual_seed(seed % 2**63)
 
 
+def _unique_preload(env: dict[str, str]) -> dict[str, str]:
+    """The template's LD_PRELOAD already holds the memory saver's hook; SGLang prepends it again
+    before it spawns a scheduler, and the memory saver refuses a path listed twice."""
+    value = env.get("LD_PRELOAD")
+    if value:
+        env["LD_PRELOAD"] = ":".join(dict.fromkeys(p for p in value.split(":") if p))
+    return env
+
+
 def _prepare(data: dict[str, Any]) -> None:
     env = data.pop(ENV_KEY, None)
     if env is not None:
         os.environ.clear()
-        os.environ.update(env)
+        os.environ.update(_unique_preload(env))
         reseed()
     _original_prepare(data)
 

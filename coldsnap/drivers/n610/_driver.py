@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from coldsnap.backends import Criu
-from coldsnap.backends.inet import check_port_free, rebind
+from coldsnap.backends.inet import check_port_free, dial_host, rebind
 from coldsnap.backends.procs import tree_pids
 from coldsnap.machine import Launcher, StepContext
 
@@ -172,7 +172,11 @@ class N610Driver:
     def restore(self, ctx: StepContext) -> dict[str, Any]:
         images = Path(ctx.facts["image_dir"])
         capsule = ctx.facts["capsule"]
-        url = serve_on(images, capsule["engine_url"], getattr(ctx.request, "port", None))
+        request = ctx.request
+        url = serve_on(
+            images, capsule["engine_url"], getattr(request, "port", None),
+            getattr(request, "host", None),
+        )  # fmt: skip
         tree = self.criu.restore(
             images,
             work_dir=ctx.workdir / "criu-restore",
@@ -196,14 +200,16 @@ class N610Driver:
         self.processes.resume(ctx.facts["engine_pid"])
 
 
-def serve_on(images: Path, url: str, port: int | None) -> str:
-    """The URL the restored engine will serve on: the captured one, or with the request's port,
-    for which the image's listening socket is moved there first (coldsnap.backends.inet: the
-    restored process then listens on it, at no cost to the restore's time)."""
+def serve_on(images: Path, url: str, port: int | None, host: str | None = None) -> str:
+    """The URL the restored engine will serve on: the captured one, or with the request's port
+    and host, for which the image's listening socket is moved there first (coldsnap.backends.
+    inet: the restored process then listens on it, at no cost to the restore's time)."""
     captured = urlsplit(url)
-    if port is None or port == captured.port:
+    old_host = captured.hostname or "127.0.0.1"
+    new_port, new_host = port or captured.port or 0, host or old_host
+    same_host = host is None or host == old_host or (host, old_host) == ("localhost", "127.0.0.1")
+    if new_port == captured.port and same_host:
         return url
-    host = captured.hostname or "127.0.0.1"
-    check_port_free(host, port)
-    rebind(images, old_port=captured.port or 0, port=port)
-    return captured._replace(netloc=f"{host}:{port}").geturl()
+    check_port_free(new_host, new_port)
+    rebind(images, old_port=captured.port or 0, port=new_port, host=host)
+    return captured._replace(netloc=f"{dial_host(new_host)}:{new_port}").geturl()

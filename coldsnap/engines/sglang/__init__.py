@@ -23,6 +23,7 @@ from ._launcher import (
     cpu_binding,
     export_dir,
     free_port,
+    memory_saver_preload,
     tp_size,
 )
 from ._policy import SGLANG_POLICY
@@ -49,7 +50,12 @@ def build(request: Any) -> SGLangEngine:
         graph_saver = os.environ.get(GRAPH_SAVER_ENV) == "1"
         args = (*CUDA_ARGS, *(GRAPH_SAVER_ARGS if graph_saver else ()))
         env = {GRAPH_SAVER_ENV: "1"} if graph_saver else {}
-        launcher = SGLangLauncher(args, env, context_free_preload=CUDA_TEMPLATE_PRELOAD)
+        launcher = SGLangLauncher(
+            args,
+            env,
+            context_free_preload=CUDA_TEMPLATE_PRELOAD,
+            template_env=memory_saver_preload(),
+        )
         return SGLangEngine(launcher, cuda=True, graphs=graph_saver, rank_reports=True)
     cpu.activate()
     launcher = SGLangLauncher((*cpu.CPU_ARGS, *cpu.CPU_MEMORY_ARGS), cpu.cpu_env({}), cpu=True)

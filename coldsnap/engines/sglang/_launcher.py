@@ -30,6 +30,22 @@ CPU_RANKS_ARGS: tuple[str, ...] = ("--sleep-on-idle",)
 # sgl_kernel, which asks for the current device (docs/qualification.md, run 7). An n580 template
 # must hold no device state, so on a CUDA host it imports only what never touches the device.
 CUDA_TEMPLATE_PRELOAD: tuple[str, ...] = ("torch", "transformers")
+MEMORY_SAVER_HOOK = "torch_memory_saver_hook_mode_preload"
+PRELOAD_VARIABLE = "LD_PRELOAD"
+
+
+def memory_saver_preload() -> dict[str, str]:
+    """The environment that loads the memory saver's allocator hook into a process at exec.
+
+    SGLang puts the hook on LD_PRELOAD only while it spawns its schedulers; a scheduler forked
+    from an n580 template's forkserver is never exec'd, so the hook must already be loaded in
+    the forkserver, which inherits the template's environment (measured on the H200: without
+    it a release freed nothing, docs/qualification.md run 8)."""
+    from torch_memory_saver.utils import get_binary_path_from_package
+
+    hook = str(get_binary_path_from_package(MEMORY_SAVER_HOOK))
+    current = [p for p in os.environ.get(PRELOAD_VARIABLE, "").split(":") if p and p != hook]
+    return {PRELOAD_VARIABLE: ":".join([hook, *current])}
 
 
 class TopologyArgsError(RefusedError, ValueError):
@@ -77,11 +93,16 @@ def export_dir(runtime_dir: Path) -> Path:
 def coldsnap_env(
     request: Any, provider: str, runtime_dir: Path, payload_dir: Path | None
 ) -> dict[str, str]:
-    """The COLDSNAP_* variables of an engine: capture exports the native payload on release;
-    an engine constructed at restore (n580) starts from the payload or the checkpoint."""
+    """The COLDSNAP_* variables of an engine: capture exports the native payload on release
+    and publishes its graph shapes; an engine constructed at restore (n580) starts from the
+    payload or the checkpoint. The request's `async_cuda_graphs` defers the decode graphs."""
     env = {"COLDSNAP_RUNTIME_DIR": str(runtime_dir)}
+    if getattr(request, "async_cuda_graphs", False):
+        env["COLDSNAP_ASYNC_CUDA_GRAPHS"] = "1"
     if request.operation == "capture":
         env["COLDSNAP_MODE"] = "capture"
+        # the graph shapes warmed before the snapshot are published, and the capsule binds them
+        env["COLDSNAP_SHAPE_CALIBRATION"] = "record"
         if provider == "native":
             env["COLDSNAP_EXPORT_MODEL_PAYLOAD"] = "1"
             env["COLDSNAP_ARTIFACT_DIR"] = str(export_dir(runtime_dir))
@@ -104,7 +125,8 @@ class SGLangLauncher:
     tests' toy engine) by overriding `module` and the preloads.
 
     `context_free_preload` replaces both preloads where SGLang's own modules cannot be
-    imported without a device context (CUDA_TEMPLATE_PRELOAD).
+    imported without a device context (CUDA_TEMPLATE_PRELOAD); `template_env` is what an n580
+    template's environment adds to the engine's (the memory saver's hook on CUDA).
 
     The request's `tp` becomes `--tp-size` (never the engine arguments: TopologyArgsError);
     `cpu` says the engine runs on SGLang's CPU platform, whose ranks need a thread binding."""
@@ -132,8 +154,10 @@ class SGLangLauncher:
         *,
         cpu: bool = False,
         context_free_preload: tuple[str, ...] | None = None,
+        template_env: Mapping[str, str] | None = None,
     ) -> None:
         self.base_args = tuple(base_args)
+        self.template_env = dict(template_env or {})
         self.base_env = {**(base_env or {}), "SGLANG_PLUGINS": "coldsnap"}
         self.cpu = cpu
         if context_free_preload is not None:  # what a template may import on this host
@@ -149,7 +173,8 @@ class SGLangLauncher:
         if not self.cpu:
             return args, {}
         cpus = sorted(os.sched_getaffinity(0))
-        return [*args, *CPU_RANKS_ARGS], {CPU_BIND_VARIABLE: cpu_binding(tp, cpus)}
+        extra = [a for a in CPU_RANKS_ARGS if a not in self.base_args]
+        return [*args, *extra], {CPU_BIND_VARIABLE: cpu_binding(tp, cpus)}
 
     def command(self, request: Any, workdir: Path, *, provider: str) -> LaunchCommand:
         clash = [a for a in request.engine_args if a.split("=")[0] in TP_FLAGS]
@@ -161,11 +186,15 @@ class SGLangLauncher:
         runtime_dir = RUNTIME_ROOT / uuid.uuid4().hex
         runtime_dir.mkdir(parents=True, mode=0o700)
         port = getattr(request, "port", None) or free_port()
+        host = getattr(request, "host", None) or "127.0.0.1"
         restoring = request.operation == "restore"
         tp_args, tp_env = self.topology(tp_size(request))
         argv = [sys.executable, "-m", self.module, "--model-path", request.model.path,
-                "--host", "127.0.0.1", "--port", str(port), *self.base_args, *tp_args,
+                "--host", host, "--port", str(port), *self.base_args, *tp_args,
                 *request.engine_args]  # fmt: skip
+        draft = getattr(request, "draft", None)
+        if draft is not None:  # a native restore's dummy load format applies to it too
+            argv += ["--speculative-draft-model-path", draft.path]
         if restoring and provider == "native":
             argv += ["--load-format", "dummy"]
         payload = workdir / "payload" if restoring else None
@@ -174,13 +203,16 @@ class SGLangLauncher:
             **tp_env,
             **coldsnap_env(request, provider, runtime_dir, payload),
         }
-        return LaunchCommand(argv=argv, env=env, url=f"http://127.0.0.1:{port}")
+        dial = "127.0.0.1" if host in ("0.0.0.0", "localhost") else host  # a wildcard bind
+        return LaunchCommand(argv=argv, env=env, url=f"http://{dial}:{port}")
 
 
 __all__ = [
     "CPU_BIND_VARIABLE",
     "CPU_RANKS_ARGS",
     "CUDA_TEMPLATE_PRELOAD",
+    "MEMORY_SAVER_HOOK",
+    "PRELOAD_VARIABLE",
     "RUNTIME_ROOT",
     "TP_FLAGS",
     "SGLangLauncher",
@@ -189,5 +221,6 @@ __all__ = [
     "cpu_binding",
     "export_dir",
     "free_port",
+    "memory_saver_preload",
     "tp_size",
 ]

@@ -172,6 +172,7 @@ class SGLangEngine:
         runtime_dir = Path(ctx.facts[s.RUNTIME_DIR.name])
         started = time.time()
         tp = int(getattr(ctx.request, "tp", None) or 1)
+        coverage = _shape_coverage(runtime_dir)  # a failed calibration refuses, nothing released
         with self._client(ctx) as client:
             try:
                 client.release([KV_CACHE, WEIGHTS])
@@ -185,6 +186,7 @@ class SGLangEngine:
             s.RESIDUAL_DEVICE_BYTES.name: residual,
             s.TP_SIZE.name: tp,
             s.RANK_PIDS.name: pids,
+            s.SHAPE_COVERAGE.name: coverage,
         }
 
     def resume_memory(self, ctx: StepContext) -> None:
@@ -192,7 +194,12 @@ class SGLangEngine:
         An engine whose process has ended holds nothing to give back."""
         if not _running(int(ctx.facts[s.ENGINE_PID.name])):
             return
-        plan = ResumePlan(provider="recovery", checkpoint=ctx.request.model.path)
+        draft = getattr(ctx.request, "draft", None)
+        plan = ResumePlan(
+            provider="recovery",
+            checkpoint=ctx.request.model.path,
+            draft_checkpoint=draft.path if draft is not None else None,
+        )
         write_plan(Path(ctx.facts[s.RUNTIME_DIR.name]), plan)
         with self._client(ctx) as client:
             client.resume([WEIGHTS, KV_CACHE])
@@ -313,6 +320,9 @@ def _rank_problem(report: RankReport, *, hydrated: bool) -> str | None:
         return f"{record.get('outcome')} at {report.last_event}: {record.get('error')}"
     if record.get("released_tags"):
         return f"still released: {', '.join(record['released_tags'])}"
+    calibration = record.get("shape_calibration")
+    if isinstance(calibration, dict) and calibration.get("outcome") != "ok":
+        return f"its graph shapes are not the plan: {calibration.get('error')}"
     if hydrated and record.get("mode") == "restore" and not record.get("startup_hydration"):
         return "built from the payload but reported no hydration"
     if not record.get("registered"):
@@ -356,6 +366,38 @@ def _scheduler_records(runtime_dir: Path) -> dict[str, dict[str, Any]]:
             raise EngineError("release_memory", f"{path} is not a coldsnap status record")
         out[path.stem] = record
     return out
+
+
+def _shape_coverage(runtime_dir: Path) -> dict[str, Any] | None:
+    """The graph shapes the schedulers published (coldsnap.plugin._shapes), the same on every
+    rank, or None when none published any. Raises EngineError naming each rank whose
+    calibration failed (its plan unrecognised, or its warmed shapes not the plan), and when the
+    ranks disagree or only some published one."""
+    records = _scheduler_records(runtime_dir)
+    published: dict[str, Any] = {}
+    failed: list[str] = []
+    for name, record in records.items():
+        calibration = record.get("shape_calibration")
+        if calibration is None:
+            continue
+        if not isinstance(calibration, dict) or calibration.get("outcome") != "ok":
+            error = calibration.get("error") if isinstance(calibration, dict) else calibration
+            failed.append(f"{name}: {error}")
+        else:
+            published[name] = calibration.get("coverage")
+    if failed:
+        raise EngineError("release_memory", "shape calibration failed: " + "; ".join(failed))
+    if published and len(published) != len(records):
+        missing = sorted(set(records) - set(published))
+        raise EngineError(
+            "release_memory", f"no shape calibration published by {', '.join(missing)}"
+        )
+    distinct = {json.dumps(c, sort_keys=True) for c in published.values()}
+    if len(distinct) > 1:
+        raise EngineError(
+            "release_memory", f"the ranks published different graph shapes: {published}"
+        )
+    return next(iter(published.values()), None)
 
 
 def _check_release(runtime_dir: Path, started: float, *, cuda: bool) -> int:
@@ -406,8 +448,8 @@ def _check_release(runtime_dir: Path, started: float, *, cuda: bool) -> int:
         residual += int(report.get("residual_device_bytes") or 0)
     if problems:
         hint = (
-            "; start SGLang with --enable-memory-saver and COLDSNAP_LIVE_BACKING auto or "
-            "torch_memory_saver, or the capture would seal weights and KV into the image"
+            "; start SGLang with --enable-memory-saver (COLDSNAP_LIVE_BACKING discard or disk), "
+            "or the capture would seal weights and KV into the image"
             if cuda
             else ""
         )

@@ -8,6 +8,8 @@ from ._load import (
     checkpoint_keys,
     load_recovery,
     recovery_tensors,
+    residual_names,
+    safetensors_keys,
 )
 
 __all__ = [
@@ -17,4 +19,6 @@ __all__ = [
     "checkpoint_keys",
     "load_recovery",
     "recovery_tensors",
+    "residual_names",
+    "safetensors_keys",
 ]

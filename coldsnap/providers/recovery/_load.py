@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 
 import torch
@@ -83,6 +83,39 @@ def _covered(mapping: Mapping[str, torch.Tensor], loaded: set[str]) -> set[str]:
     return {n for n, t in mapping.items() if n in loaded or key(t) in keys}
 
 
+def safetensors_keys(directory: str | os.PathLike[str], rename: Rename | None = None) -> set[str]:
+    """Destination names of every tensor in the `*.safetensors` files of `directory` (headers
+    only). For an engine that loaded an unpinned directory; CheckpointError when it holds none
+    (a `.bin` checkpoint's names cannot be read without loading it)."""
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(
+            f"checkpoint {directory}", ["holds no *.safetensors file to read tensor names from"]
+        )
+    out: set[str] = set()
+    for path in files:
+        with safe_open(str(path), framework="pt") as handle:
+            for key in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
+                target = rename(key) if rename else key
+                if target is not None:
+                    out.add(target)
+    return out
+
+
+def residual_names(
+    mapping: Mapping[str, torch.Tensor],
+    keys: Iterable[str],
+    *,
+    loadable: Collection[str] | None = None,
+) -> set[str]:
+    """Names of `mapping` a load of the checkpoint `keys` leaves as they were: those it does not
+    name, unless they are the very same view as a name it fills (a tied head). `loadable`
+    limits which names a load can fill (an engine whose loader writes parameters only:
+    a buffer is then residual even when the checkpoint names it)."""
+    filled = {k for k in keys if k in mapping and (loadable is None or k in loadable)}
+    return set(mapping) - _covered(mapping, filled)
+
+
 def capture_residual(
     tensors: Tensors,
     directory: str | os.PathLike[str],
@@ -94,9 +127,8 @@ def capture_residual(
     """At capture: exports (as a native pack) every destination tensor the checkpoint does not
     fill, so a recovery can restore it after loading."""
     mapping = recovery_tensors(tensors)
-    covered = _covered(mapping, set(checkpoint_keys(directory, checkpoint, rename)))
-    residual = {n: t for n, t in mapping.items() if n not in covered}
-    return export_pack(residual, target)
+    names = residual_names(mapping, checkpoint_keys(directory, checkpoint, rename))
+    return export_pack({n: mapping[n] for n in names}, target)
 
 
 def load_recovery(
