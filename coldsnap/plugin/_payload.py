@@ -123,14 +123,15 @@ def _stacked_rename(model: Any) -> Rename | None:
     return rename
 
 
-def _view_key(t: Any) -> tuple[object, ...]:
-    return (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
-
-
 def keep_residual(role: str, model: Any, checkpoint: str) -> Residual:
     """Copies to host every tensor of `model` a reload of `checkpoint` would not write."""
     from coldsnap.providers import CheckpointError
-    from coldsnap.providers.recovery import recovery_tensors, residual_names, safetensors_keys
+    from coldsnap.providers.recovery import (
+        recovery_tensors,
+        residual_names,
+        safetensors_keys,
+        view_key,
+    )
 
     mapping = recovery_tensors(model)
     try:
@@ -146,7 +147,7 @@ def keep_residual(role: str, model: Any, checkpoint: str) -> Residual:
     seen: set[tuple[object, ...]] = set()
     for name in sorted(names):
         tensor = mapping[name]
-        key = _view_key(tensor)
+        key = view_key(tensor)
         if key in seen:
             continue
         seen.add(key)

@@ -10,6 +10,7 @@ from ._load import (
     recovery_tensors,
     residual_names,
     safetensors_keys,
+    view_key,
 )
 
 __all__ = [
@@ -21,4 +22,5 @@ __all__ = [
     "recovery_tensors",
     "residual_names",
     "safetensors_keys",
+    "view_key",
 ]

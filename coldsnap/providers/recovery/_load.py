@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -64,23 +64,32 @@ def checkpoint_keys(
     """destination name -> (file, key) for every tensor of the checkpoint's safetensors files."""
     out: dict[str, tuple[str, str]] = {}
     for f in checkpoint.weight_files:
-        with safe_open(str(Path(directory) / f.name), framework="pt") as handle:
-            for key in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
-                target = rename(key) if rename else key
-                if target is not None:
-                    out[target] = (f.name, key)
+        for target, key in _renamed_keys(Path(directory) / f.name, rename):
+            out[target] = (f.name, key)
     return out
+
+
+def _renamed_keys(path: Path, rename: Rename | None) -> Iterator[tuple[str, str]]:
+    """(destination name, key) for every tensor of one safetensors file (its header only); a
+    key `rename` maps to None is left out."""
+    with safe_open(str(path), framework="pt") as handle:
+        for key in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
+            target = rename(key) if rename else key
+            if target is not None:
+                yield target, key
+
+
+def view_key(t: torch.Tensor) -> tuple[object, ...]:
+    """What makes two tensors the very same view of the same storage (a tied weight under its
+    second name)."""
+    return (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
 
 
 def _covered(mapping: Mapping[str, torch.Tensor], loaded: set[str]) -> set[str]:
     """Names filled by loading `loaded`: those names, and every other name that is the very
-    same view of the same storage (a tied weight under its second name)."""
-
-    def key(t: torch.Tensor) -> tuple[object, ...]:
-        return (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
-
-    keys = {key(mapping[n]) for n in loaded if n in mapping}
-    return {n for n, t in mapping.items() if n in loaded or key(t) in keys}
+    same view of the same storage."""
+    keys = {view_key(mapping[n]) for n in loaded if n in mapping}
+    return {n for n, t in mapping.items() if n in loaded or view_key(t) in keys}
 
 
 def safetensors_keys(directory: str | os.PathLike[str], rename: Rename | None = None) -> set[str]:
@@ -92,14 +101,7 @@ def safetensors_keys(directory: str | os.PathLike[str], rename: Rename | None = 
         raise CheckpointError(
             f"checkpoint {directory}", ["holds no *.safetensors file to read tensor names from"]
         )
-    out: set[str] = set()
-    for path in files:
-        with safe_open(str(path), framework="pt") as handle:
-            for key in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
-                target = rename(key) if rename else key
-                if target is not None:
-                    out.add(target)
-    return out
+    return {target for path in files for target, _ in _renamed_keys(path, rename)}
 
 
 def residual_names(
