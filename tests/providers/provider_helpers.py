@@ -67,3 +67,30 @@ def storage_bytes(mapping: Mapping[str, torch.Tensor]) -> dict[str, bytes]:
 
 def data_ptrs(mapping: Mapping[str, torch.Tensor]) -> dict[str, int]:
     return {name: t.data_ptr() for name, t in mapping.items()}
+
+
+def block_tensors(seed: int) -> dict[str, torch.Tensor]:
+    """A small model's tensors laid out across 8 KiB pack blocks: a tied bf16 embedding (5120 B,
+    one short block), a 36000 B float tensor (four blocks and a short fifth), int8 codes and a
+    norm."""
+    g = torch.Generator().manual_seed(seed)
+    emb = torch.randn(40, 64, generator=g).to(torch.bfloat16)
+    return {
+        "embed.weight": emb,
+        "head.weight": emb,  # tied: one storage, two names
+        "mlp.w": torch.randn(9000, generator=g),
+        "mlp.codes": torch.randint(-128, 128, (3000,), generator=g, dtype=torch.int8),
+        "norm.weight": torch.rand(64, generator=g),
+    }
+
+
+def old_block_tensors() -> dict[str, torch.Tensor]:
+    """block_tensors' layout with other bytes: the contents a refused hydration must keep."""
+    emb = torch.full((40, 64), 0.5, dtype=torch.bfloat16)
+    return {
+        "embed.weight": emb,
+        "head.weight": emb,
+        "mlp.w": torch.full((9000,), -1.0),
+        "mlp.codes": torch.full((3000,), 3, dtype=torch.int8),
+        "norm.weight": torch.full((64,), 2.0),
+    }

@@ -26,35 +26,18 @@ from coldsnap.providers import (
 from coldsnap.providers.native._index import compute_layout_digest
 from coldsnap.providers.native._source import pack_file_name
 
-from .provider_helpers import storage_bytes
+from .provider_helpers import block_tensors, old_block_tensors, storage_bytes
 
 BLOCK = 8192
 REFUSED = (RecordError, PackDamaged, LayoutMismatch)
 
 
 def source_tensors() -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(7)
-    emb = torch.randn(40, 64, generator=g).to(torch.bfloat16)  # 5120 B: one block, padded
-    big = torch.randn(9000, generator=g)  # 36000 B: five blocks
-    return {
-        "embed.weight": emb,
-        "head.weight": emb,
-        "mlp.w": big,
-        "mlp.codes": torch.randint(-128, 128, (3000,), generator=g, dtype=torch.int8),
-        "norm.weight": torch.rand(64, generator=g),
-    }
+    return block_tensors(7)
 
 
 def old_destination() -> dict[str, torch.Tensor]:
-    """Same layout as source_tensors, different bytes: the 'old' contents a failure must keep."""
-    emb = torch.full((40, 64), 0.5, dtype=torch.bfloat16)
-    return {
-        "embed.weight": emb,
-        "head.weight": emb,
-        "mlp.w": torch.full((9000,), -1.0),
-        "mlp.codes": torch.full((3000,), 3, dtype=torch.int8),
-        "norm.weight": torch.full((64,), 2.0),
-    }
+    return old_block_tensors()
 
 
 @pytest.fixture(scope="module")
