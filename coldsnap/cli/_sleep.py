@@ -19,9 +19,9 @@ from typing import Any
 import psutil
 
 from coldsnap._atomic import write_json_atomic
-from coldsnap._wire import KV_CACHE, STATUS_KIND, WEIGHTS, plan_from, status_path, write_plan
+from coldsnap._wire import KV_CACHE, WEIGHTS, plan_from, write_plan
 from coldsnap.engines import EngineClient, EngineError
-from coldsnap.engines.sglang import SGLANG_POLICY
+from coldsnap.engines.sglang import SGLANG_POLICY, scheduler_records
 from coldsnap.machine._journal import workdir_lock
 
 from ._serving import ServingError, engine_alive, receipt
@@ -72,19 +72,12 @@ def _released(runtime_dir: Path, since: float) -> dict[str, Any]:
     """What the schedulers' status records say this release freed: `host_bytes` (weight pages
     returned to the kernel, the CPU backend), `device_freed` (device bytes measured freed on
     CUDA; None where none was measured) and `exported` (whether the plugin also wrote a
-    payload); EngineError naming a scheduler whose release failed."""
-    folder = status_path(runtime_dir, "scheduler").parent
+    payload); EngineError naming a scheduler whose release failed or whose record is unreadable."""
     freed: int | None = None
     host, exported = 0, False
-    for path in sorted(folder.glob("scheduler*.json")):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(record, dict) or record.get("kind") != STATUS_KIND:
-            continue
+    for name, record in scheduler_records(runtime_dir, "sleep").items():
         if record.get("outcome") == "failed":
-            raise EngineError("sleep", f"{path.stem}: the plugin refused: {record.get('error')}")
+            raise EngineError("sleep", f"{name}: the plugin refused: {record.get('error')}")
         for event in record.get("events") or ():
             if event.get("event") == "released" and float(event.get("time", 0)) >= since:
                 host += int(event.get("discarded_bytes") or 0)

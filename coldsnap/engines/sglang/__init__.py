@@ -27,7 +27,13 @@ from ._launcher import (
     tp_size,
 )
 from ._policy import SGLANG_POLICY
-from ._steps import GRAPH_SAVER_ENV, Identity, SGLangEngine, installed_sglang
+from ._steps import (
+    GRAPH_SAVER_ENV,
+    Identity,
+    SGLangEngine,
+    installed_sglang,
+    scheduler_records,
+)
 
 CUDA_ARGS = ("--enable-memory-saver",)
 """On CUDA the weights, the KV cache (and, with GRAPH_SAVER_ENV, the graphs) live in the memory
@@ -91,5 +97,6 @@ __all__ = [
     "free_port",
     "installed_sglang",
     "register",
+    "scheduler_records",
     "tp_size",
 ]

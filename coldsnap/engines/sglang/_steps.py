@@ -351,19 +351,18 @@ def _graph_saver(launcher: Launcher) -> bool:
     return env.get(GRAPH_SAVER_ENV) == "1"
 
 
-def _scheduler_records(runtime_dir: Path) -> dict[str, dict[str, Any]]:
-    """process name -> status record of every scheduler (one per TP rank)."""
+def scheduler_records(runtime_dir: Path, step: str = "release_memory") -> dict[str, dict[str, Any]]:
+    """process name -> status record of every scheduler (one per TP rank); EngineError of
+    `step` for a record that cannot be read."""
     folder = status_path(runtime_dir, "scheduler").parent
     out: dict[str, dict[str, Any]] = {}
     for path in sorted(folder.glob("scheduler*.json")):
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
-            raise EngineError(
-                "release_memory", f"status record {path} is unreadable: {exc}"
-            ) from None
+            raise EngineError(step, f"status record {path} is unreadable: {exc}") from None
         if not isinstance(record, dict) or record.get("kind") != STATUS_KIND:
-            raise EngineError("release_memory", f"{path} is not a coldsnap status record")
+            raise EngineError(step, f"{path} is not a coldsnap status record")
         out[path.stem] = record
     return out
 
@@ -373,7 +372,7 @@ def _shape_coverage(runtime_dir: Path) -> dict[str, Any] | None:
     rank, or None when none published any. Raises EngineError naming each rank whose
     calibration failed (its plan unrecognised, or its warmed shapes not the plan), and when the
     ranks disagree or only some published one."""
-    records = _scheduler_records(runtime_dir)
+    records = scheduler_records(runtime_dir)
     published: dict[str, Any] = {}
     failed: list[str] = []
     for name, record in records.items():
@@ -404,7 +403,7 @@ def _check_release(runtime_dir: Path, started: float, *, cuda: bool) -> int:
     """The device bytes still in use after the release, summed over the schedulers; raises
     EngineError naming each scheduler whose release failed, was not measured, or left a
     released region resident."""
-    records = _scheduler_records(runtime_dir)
+    records = scheduler_records(runtime_dir)
     if not records:
         if cuda:
             raise EngineError(
