@@ -10,7 +10,7 @@
 # pip-installed there, so a dist-info folder with its entry points (sglang.srt.plugins: the plugin;
 # coldsnap.registrations: drivers, engine, providers, store) is generated from pyproject.toml.
 #
-# Usage: [SIZE=small|2g] bench/gpu/sglang-machine-device.sh OUT [BUDGET_S] [-- extra args]
+# Usage: [SIZE=small|2g|8g] bench/gpu/sglang-machine-device.sh OUT [BUDGET_S] [-- extra args]
 #        bench/gpu/sglang-machine-device.sh --dry OUT   (no GPU: dist-info, imports, requests)
 # SIZE picks the random Llama (coldsnap.tiny_models), built once per machine at /tmp/model-SIZE.
 # Set-up is skipped where an earlier call on the same (still warm) machine did it; the cold

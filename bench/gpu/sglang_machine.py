@@ -4,7 +4,7 @@ product).
 
     python3 bench/gpu/sglang_machine.py --out OUT --model /tmp/model [--size small]
         [--variants n610-native,...] [--restores 2] [--budget 540] [--cold-json PATH]
-        [--refusal] [--dry]
+        [--refusal] [--dry] [--mem-frac 0.05] [--naive] [--warm-cold]
 
 Order (a fresh machine compiles SGLang's JIT kernels on first use, about 100 s, so the cold start
 runs first, and once): the pinned host-to-device reference copy; a cold start of the server the
@@ -20,12 +20,17 @@ to first answer) in PATH and reuses it when PATH already holds one for the same 
 arguments: a later call on the same machine qualifies more variants against the same cold run.
 Results go to OUT/sglang_machine.json after every phase; engine
 logs stay in each operation's workdir (copied to OUT/logs at the end). `--dry` checks imports,
-arguments and requests without a GPU and launches nothing.
+arguments and requests without a GPU and launches nothing. `--naive` snapshots the cold server
+whole (nothing released: CUDA checkpoint and CRIU dump of the serving tree), restores it and
+times it to its first answer: issue 17's naive baseline. `--warm-cold` launches the cold server
+once more at the end (JIT kernels compiled by then: the fair cold start for a host that already
+ran the server). Per-process device memory (nvidia-smi) is recorded after each release.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -41,10 +46,11 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-ENGINE_ARGS = (
+BASE_ARGS = (
     "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
-    "--mem-fraction-static", "0.05", "--cuda-graph-max-bs", "8",
+    "--cuda-graph-max-bs", "8",
 )  # fmt: skip
+ENGINE_ARGS = (*BASE_ARGS, "--mem-fraction-static", "0.05")  # replaced by --mem-frac in main()
 VARIANTS = ("n610-native", "n610-recovery", "n580-native", "n580-recovery")
 NEW_TOKENS = 16
 GIB = 2**30
@@ -173,7 +179,9 @@ class Run:
 
     def cold_start(self) -> dict[str, Any]:
         """The capture's own launch command (native: the same flags and plugin; the export only
-        acts at release), timed from the launch to its first answer; then every prompt."""
+        acts at release), timed from the launch to its first answer; then every prompt. With
+        --naive, that server is then snapshotted whole (`naive`) instead of stopped."""
+        from coldsnap.backends import launch
         from coldsnap.engines.sglang import build
 
         request = self.capture_request("n610-native")
@@ -181,18 +189,18 @@ class Run:
         workdir = self.root / "cold"
         workdir.mkdir(parents=True, exist_ok=True)
         command = engine.launcher.command(request, workdir, provider="native")
-        log = open(workdir / "engine.log", "wb")  # noqa: SIM115 (closed below)
         t0 = time.perf_counter()
-        proc = subprocess.Popen(
-            command.argv, env={**os.environ, **command.env}, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True,
+        launched = launch(
+            command.argv, log_path=workdir / "engine.log", env={**os.environ, **command.env},
+            cwd=str(workdir),
         )  # fmt: skip
         rec: dict[str, Any] = {"argv": command.argv, "log": str(workdir / "engine.log")}
+        stopped = False
         try:
             first = None
             while first is None:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"the cold server ended with {proc.returncode}")
+                if launched.poll() is not None:
+                    raise RuntimeError("the cold server ended")
                 if self.left() < 30 or time.perf_counter() - t0 > self.args.cold_s:
                     raise RuntimeError("the cold server did not answer in time")
                 try:  # the first answer may wait for kernels compiled on first use
@@ -201,9 +209,58 @@ class Run:
                     time.sleep(0.5)
             rec["first_answer_s"] = round(time.perf_counter() - t0, 3)
             rec["answers"] = self.answers(command.url)
+            rec["gpu_apps"] = gpu_apps()
+            if self.args.naive:
+                stopped = True  # the dump ends the tree; naive() stops what it restores
+                self.results["naive"] = self.naive(launched.pid, command.url, rec["answers"])
         finally:
-            _stop_group(proc)
-            log.close()
+            if not stopped:
+                _kill_tree(launched.pid)
+        return rec
+
+    def naive(self, pid: int, url: str, cold: dict[str, list[int]]) -> dict[str, Any]:
+        """The baseline issue 17 names: the whole serving tree snapshotted as it runs (weights,
+        KV cache and all: nothing released), CUDA state through the driver's checkpoint API and
+        the process tree through CRIU, then restored and timed to its first answer."""
+        from coldsnap.backends import Criu, CudaCheckpoint
+        from coldsnap.backends.procs import tree_pids
+
+        rec: dict[str, Any] = {}
+        images = self.root / "naive-images"
+        criu, cuda = Criu(), CudaCheckpoint()
+        pids = tree_pids(pid)
+        try:
+            t = time.perf_counter()
+            cuda_pids = cuda.lock_all(pids, 60.0)
+            rec["cuda_lock_s"] = round(time.perf_counter() - t, 3)
+            t = time.perf_counter()
+            cuda.checkpoint_all(cuda_pids, 600.0)
+            rec["cuda_checkpoint_s"] = round(time.perf_counter() - t, 3)
+            rec["cuda_pids"] = cuda_pids
+            t = time.perf_counter()
+            manifest = criu.dump(pid, images)
+            rec["criu_dump_s"] = round(time.perf_counter() - t, 3)
+            rec["image_bytes"] = manifest.image_bytes
+            reap_children()
+            self.log("naive: dumped", rec)
+            t0 = time.perf_counter()
+            tree = criu.restore(images, detached=True)
+            rec["criu_restore_s"] = round(time.perf_counter() - t0, 3)
+            t = time.perf_counter()
+            cuda.restore_all(cuda_pids)
+            rec["cuda_restore_unlock_s"] = round(time.perf_counter() - t, 3)
+            first = self.generate(url, PROMPTS["P1"], timeout=120.0)
+            rec["first_answer_s"] = round(time.perf_counter() - t0, 3)
+            got = {"P1": first, **{k: v for k, v in self.answers(url).items() if k != "P1"}}
+            rec["equal"] = {k: got[k] == cold.get(k) for k in PROMPTS}
+            self.log("naive: restored", rec)
+            _kill_tree(tree.pid)
+        except Exception:
+            rec["error"] = traceback.format_exc()
+            self.log("naive failed", rec["error"])
+            _kill_tree(pid)
+        finally:
+            shutil.rmtree(images, ignore_errors=True)
         return rec
 
     def cold_once(self) -> dict[str, Any]:
@@ -295,6 +352,9 @@ class Run:
         return rec
 
     def _event(self, event: Any) -> None:
+        if event.step == "release_memory" and event.phase == "done":
+            # Called in the machine's thread before the next step: the released tree still runs.
+            self.results.setdefault("released_gpu_apps", []).append(gpu_apps())
         if event.phase in ("done", "failed", "compensated", "compensation_failed"):
             self.log(f"  {event.step}: {event.phase}", getattr(event, "detail", "") or "")
 
@@ -340,6 +400,18 @@ class Run:
                 self.log(variant, f"restore{i}", r.get("outcome"), r.get("first_answer_s"),
                          r.get("equal"), r.get("error") or r.get("answer_error") or "")  # fmt: skip
                 self.save()
+        if self.args.warm_cold:  # the same launch again, SGLang's JIT kernels now compiled
+            if self.left() > self.args.capture_s:
+                naive, self.args.naive = self.args.naive, False
+                try:
+                    self.results["cold_warm"] = self.cold_start()
+                    self.log("warm cold start", self.results["cold_warm"]["first_answer_s"], "s")
+                except Exception:
+                    self.results["cold_warm"] = {"error": traceback.format_exc()}
+                self.args.naive = naive
+            else:
+                self.results["cold_warm"] = {"skipped": f"budget: {self.left():.0f} s left"}
+            self.save()
         if self.args.refusal:
             if self.left() > self.args.capture_s:
                 try:
@@ -364,6 +436,8 @@ class Run:
 
     def summary(self) -> None:
         cold_s = (self.results.get("cold") or {}).get("first_answer_s")
+        warm_s = (self.results.get("cold_warm") or {}).get("first_answer_s")
+        naive_s = (self.results.get("naive") or {}).get("first_answer_s")
         pinned = (self.results.get("pinned_h2d") or {}).get("gib_per_s")
         rows = []
         for name, var in self.results["variants"].items():
@@ -376,6 +450,10 @@ class Run:
                     "cold_start_to_first_answer_s": cold_s,
                     "restore_to_first_answer_s": first,
                     "ratio": round(cold_s / first, 2) if cold_s and first else None,
+                    "warm_cold_start_s": warm_s,
+                    "ratio_warm": round(warm_s / first, 2) if warm_s and first else None,
+                    "naive_restore_s": naive_s,
+                    "ratio_naive": round(naive_s / first, 2) if naive_s and first else None,
                     "image_bytes": cap.get("image_bytes"),
                     "residual_device_bytes": cap.get("residual_device_bytes"),
                     "hydration_gib_per_s": hyd,
@@ -462,6 +540,51 @@ def refusal_capture(root: Path, model: Any, engine_args: tuple[str, ...]) -> Any
     return machine.capture(request)
 
 
+def gpu_apps() -> list[dict[str, Any]]:
+    """Device memory per process (nvidia-smi), with each process's command name."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=20, check=False,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [{"error": str(exc)}]
+    apps = []
+    for line in out.splitlines():
+        if "," not in line:
+            continue
+        pid, mib = (x.strip() for x in line.split(",", 1))
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            name = "?"
+        apps.append({"pid": int(pid), "name": name, "mib": int(mib) if mib.isdigit() else mib})
+    return apps
+
+
+def _kill_tree(root: int) -> None:
+    """SIGKILL to the whole tree, then reap (we are the subreaper of what we launched and
+    restored)."""
+    from coldsnap.backends.procs import tree_pids
+
+    members = tree_pids(root) or [root]
+    for pid in members:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        reap_children()
+        if not any(Path(f"/proc/{p}").exists() for p in members):
+            return
+        time.sleep(0.05)
+
+
+def reap_children() -> None:
+    from coldsnap.backends import reap_children as reap
+
+    reap()
+
+
 def _receipt(receipt: Any, seconds: float) -> dict[str, Any]:
     return {
         "outcome": receipt.outcome,
@@ -476,19 +599,6 @@ def _plain(record: Any) -> Any:
     import attrs
 
     return attrs.asdict(record) if attrs.has(type(record)) else record
-
-
-def _stop_group(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=15)
-    except ProcessLookupError:
-        pass
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -511,6 +621,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--restore-s", type=float, default=25.0, help="least time to start a restore")
     p.add_argument("--refusal", action="store_true", help="also the memory-saver-off capture")
     p.add_argument("--dry", action="store_true", help="no GPU: check imports and requests")
+    p.add_argument("--mem-frac", default="0.05", help="--mem-fraction-static of every server")
+    p.add_argument("--naive", action="store_true", help="snapshot the cold server whole, too")
+    p.add_argument("--warm-cold", action="store_true", help="a second cold start at the end")
     args = p.parse_args(argv)
     bad = [v for v in args.variants if v not in VARIANTS]
     if bad:
@@ -521,7 +634,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global ENGINE_ARGS
     args = parse(argv)
+    ENGINE_ARGS = (*BASE_ARGS, "--mem-fraction-static", args.mem_frac)
+    if not args.dry:
+        from coldsnap.backends import become_subreaper
+
+        become_subreaper()
     if not args.dry:
         shutil.rmtree(args.root, ignore_errors=True)
     args.root.mkdir(parents=True, exist_ok=True)
