@@ -158,24 +158,15 @@ class Run:
 
     # -- phases --------------------------------------------------------------------------------
     def pinned_reference(self) -> dict[str, Any]:
-        """Pinned host-to-device copy of 1 GiB, buffers allocated once (the bus's speed)."""
-        import torch
-
-        n = GIB
-        host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-        host.fill_(1)
-        dev = torch.empty(n, dtype=torch.uint8, device="cuda")
-        dev.copy_(host, non_blocking=True)
-        torch.cuda.synchronize()
-        rates = []
-        for _ in range(5):
-            t = time.perf_counter()
-            dev.copy_(host, non_blocking=True)
-            torch.cuda.synchronize()
-            rates.append(n / GIB / (time.perf_counter() - t))
-        del host, dev
-        torch.cuda.empty_cache()
-        return {"bytes": n, "gib_per_s": sorted(rates)[len(rates) // 2], "all": rates}
+        """Pinned host-to-device copy of 1 GiB, buffers allocated once (the bus's speed), in a
+        child process: this one holds no CUDA context, so device memory measured device-wide
+        is the servers' alone."""
+        code = "import json, sglang_machine as m; print(json.dumps(m.pinned_copy()))"
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+            cwd=str(Path(__file__).parent), timeout=120,
+        ).stdout  # fmt: skip
+        return json.loads(out.strip().splitlines()[-1])
 
     def cold_start(self) -> dict[str, Any]:
         """The capture's own launch command (native: the same flags and plugin; the export only
@@ -298,6 +289,8 @@ class Run:
         t0 = time.perf_counter()
         receipt = machine.restore(request)
         rec = _receipt(receipt, time.perf_counter() - t0)
+        rec["prefill_report"] = receipt.facts.get("prefill_report")
+        rec["verify_image_seconds"] = receipt.facts.get("verify_image_seconds")
         if not receipt.ok:
             return rec
         try:
@@ -317,6 +310,58 @@ class Run:
             machine.stop(receipt)
         return rec
 
+    def fresh_restore(self, variant: str, cold: dict[str, list[int]] | None) -> dict[str, Any]:
+        """A restore by a new orchestrator process (what `coldsnap restore` does, without its
+        CLI's libraries), timed from starting that process to the first answer: the imports a
+        cold orchestrator pays are in it."""
+        argv = [
+            sys.executable, __file__, "--out", str(self.out / "fresh"), "--model",
+            str(self.args.model), "--size", self.args.size, "--root", str(self.root),
+            "--mem-frac", self.args.mem_frac, "--child-restore", variant,
+        ]  # fmt: skip
+        t0 = time.perf_counter()
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+        child_s = time.perf_counter() - t0
+        rec: dict[str, Any] = {"child_s": round(child_s, 3), "rc": done.returncode}
+        try:
+            rec.update(json.loads(done.stdout.strip().splitlines()[-1]))
+        except (ValueError, IndexError):
+            rec["error"] = (done.stdout + done.stderr)[-3000:]
+            return rec
+        url, pid = rec.get("engine_url"), rec.get("engine_pid")
+        if rec.get("outcome") != "done" or not url:
+            return rec
+        try:
+            self.flush(url)
+            first = self.generate(url, PROMPTS["P1"])
+            rec["first_answer_s"] = round(time.perf_counter() - t0, 3)
+            got = {"P1": first, **{k: v for k, v in self.answers(url).items() if k != "P1"}}
+            if cold is not None:
+                rec["equal"] = {k: got[k] == cold.get(k) for k in PROMPTS}
+        finally:
+            if pid:
+                _kill_tree(int(pid))
+        return rec
+
+    def child_restore(self, variant: str) -> int:
+        """--child-restore: one restore in this (new) process; prints its receipt's summary."""
+        from coldsnap import Machine
+
+        request = self.restore_request(variant, 99)
+        t0 = time.perf_counter()
+        machine = Machine.for_request(request)
+        built = time.perf_counter() - t0
+        receipt = machine.restore(request)
+        rec = _receipt(receipt, time.perf_counter() - t0)
+        rec.update(
+            for_request_s=round(built, 3),
+            engine_url=receipt.facts.get("engine_url"),
+            engine_pid=receipt.facts.get("engine_pid"),
+            prefill_report=receipt.facts.get("prefill_report"),
+        )
+        print(json.dumps(rec, default=str), flush=True)
+        return 0 if receipt.ok else 1
+
     def hydration(self, receipt: Any) -> dict[str, Any]:
         """What the scheduler's plugin recorded of the refill (its status record)."""
         facts = receipt.facts
@@ -330,8 +375,10 @@ class Run:
             return {"error": f"{path}: {exc}"}
         resume = record.get("resume") or {}
         out: dict[str, Any] = {"provider": resume.get("provider"), "seconds": resume.get("seconds")}
+        out["cuda_release"] = record.get("cuda_release")  # the capture's, kept in the image
         hydrated = (resume.get("hydrated") or {}).get("target")
         if hydrated:  # native: the copy from the staged pack into the storages
+            out["detail"] = hydrated
             out["bytes"] = hydrated.get("nbytes")
             out["copy_seconds"] = hydrated.get("copy_seconds")
             if hydrated.get("copy_seconds"):
@@ -362,6 +409,8 @@ class Run:
     def main(self) -> int:
         if self.args.dry:
             return self.dry()
+        if self.args.child_restore:
+            return self.child_restore(self.args.child_restore)
         self.results["pinned_h2d"] = self.pinned_reference()
         self.log("pinned H2D", f"{self.results['pinned_h2d']['gib_per_s']:.1f} GiB/s")
         self.save()
@@ -399,6 +448,15 @@ class Run:
                 var["restores"].append(r)
                 self.log(variant, f"restore{i}", r.get("outcome"), r.get("first_answer_s"),
                          r.get("equal"), r.get("error") or r.get("answer_error") or "")  # fmt: skip
+                self.save()
+            if self.args.fresh_restore and self.left() > self.args.restore_s + 30:
+                try:
+                    r = self.fresh_restore(variant, cold)
+                except Exception:
+                    r = {"error": traceback.format_exc()}
+                var["fresh_restore"] = r
+                self.log(variant, "fresh-process restore", r.get("outcome"),
+                         r.get("first_answer_s"), r.get("equal"), r.get("error") or "")  # fmt: skip
                 self.save()
         if self.args.warm_cold:  # the same launch again, SGLang's JIT kernels now compiled
             if self.left() > self.args.capture_s:
@@ -467,8 +525,8 @@ class Run:
 
     def copy_logs(self) -> None:
         dest = self.out / "logs"
-        for log in self.root.glob("**/*.log"):
-            target = dest / log.relative_to(self.root)
+        for log in self.root.glob("**/*.log"):  # flat: deep folders do not come back
+            target = dest / "__".join(log.relative_to(self.root).parts)
             target.parent.mkdir(parents=True, exist_ok=True)
             try:
                 data = log.read_bytes()
@@ -476,7 +534,7 @@ class Run:
             except OSError:
                 pass
         for receipt in self.root.glob("**/receipt.json"):
-            target = dest / receipt.relative_to(self.root)
+            target = dest / "__".join(receipt.relative_to(self.root).parts)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(receipt, target)
 
@@ -538,6 +596,27 @@ def refusal_capture(root: Path, model: Any, engine_args: tuple[str, ...]) -> Any
         engine_args=args,
     )  # fmt: skip
     return machine.capture(request)
+
+
+def pinned_copy() -> dict[str, Any]:
+    """See Run.pinned_reference."""
+    import torch
+
+    n = GIB
+    host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    host.fill_(1)
+    dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dev.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    rates = []
+    for _ in range(5):
+        t = time.perf_counter()
+        dev.copy_(host, non_blocking=True)
+        torch.cuda.synchronize()
+        rates.append(n / GIB / (time.perf_counter() - t))
+    del host, dev
+    torch.cuda.empty_cache()
+    return {"bytes": n, "gib_per_s": sorted(rates)[len(rates) // 2], "all": rates}
 
 
 def gpu_apps() -> list[dict[str, Any]]:
@@ -624,6 +703,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mem-frac", default="0.05", help="--mem-fraction-static of every server")
     p.add_argument("--naive", action="store_true", help="snapshot the cold server whole, too")
     p.add_argument("--warm-cold", action="store_true", help="a second cold start at the end")
+    p.add_argument("--fresh-restore", action="store_true", help="one more, by a new process")
+    p.add_argument("--child-restore", metavar="VARIANT", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     bad = [v for v in args.variants if v not in VARIANTS]
     if bad:
@@ -637,6 +718,8 @@ def main(argv: list[str] | None = None) -> int:
     global ENGINE_ARGS
     args = parse(argv)
     ENGINE_ARGS = (*BASE_ARGS, "--mem-fraction-static", args.mem_frac)
+    if args.child_restore:
+        return Run(args).main()
     if not args.dry:
         from coldsnap.backends import become_subreaper
 

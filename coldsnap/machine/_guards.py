@@ -70,6 +70,15 @@ CUDA = Guard(
     "the driver moves the engine's CUDA state through the driver's checkpoint API",
     capability("driver", "cuda"),
 )
+PREFILL_GUARD = Guard(
+    "prefill",
+    "the provider brings weights back from a payload and the driver restores CUDA state: "
+    "helpers put the payload on the GPU while the process is restored",
+    lambda request, components: (
+        capability("provider", "payload")(request, components)
+        and capability("driver", "cuda")(request, components)
+    ),
+)
 GRAPHS = Guard(
     "graphs",
     "the engine captures CUDA graphs that point into released memory",
@@ -81,4 +90,14 @@ RETIRE = Guard(
     lambda request, components: not getattr(request, "keep_source", False),
 )
 
-__all__ = ["CHECKPOINT", "CUDA", "GRAPHS", "PAYLOAD", "RETIRE", "Guard", "Predicate", "capability"]
+__all__ = [
+    "CHECKPOINT",
+    "CUDA",
+    "GRAPHS",
+    "PAYLOAD",
+    "PREFILL_GUARD",
+    "RETIRE",
+    "Guard",
+    "Predicate",
+    "capability",
+]

@@ -22,6 +22,9 @@ them):
 - **Pinned host cache.** After the release, before the CUDA lock:
   `torch.cuda.synchronize(); torch._C._host_emptyCache()`, so that no cached pinned block with an
   event recorded before a checkpoint is queried after a restore (cheap: under a millisecond).
+- **Device cache.** Then `torch.cuda.empty_cache()`: the caching allocator's free blocks would
+  otherwise be checkpointed (into the image) and restored with every restore; recorded as
+  `device_cache` (reserved before and after, allocated).
 
 The record is the status field `cuda_release` (see `REPORT_FIELD`), written with the event
 `cuda_release_measured`. Its keys are read by the engine adapter through coldsnap._wire's
@@ -29,6 +32,7 @@ status path: `at` (wall time), `device` ("cuda:N" or "cpu"), `tags`, `regions` (
 {bytes, resident_bytes, tensors}), `resident` (tag -> resident bytes, only regions with some),
 `device_used_before`, `device_used_after`, `device_freed`, `reserved_before`, `reserved_after`,
 `residual_device_bytes` (device memory in use after the release, device-wide), `host_cache`,
+`device_cache`,
 `error` (a measurement that could not be made; the engine refuses on it).
 """
 
@@ -194,6 +198,7 @@ class CudaRelease:
                     resident += nbytes
             measured[tag] = {"bytes": total, "resident_bytes": resident, "tensors": len(storages)}
         host_cache = self._empty_host_cache()
+        device_cache = self._empty_device_cache()
         after = self._device_memory(mgr)
         report.update(
             regions=measured,
@@ -205,6 +210,7 @@ class CudaRelease:
             reserved_after=after["reserved"],
             residual_device_bytes=after["used"],
             host_cache=host_cache,
+            device_cache=device_cache,
         )
         missing = [t for t in tags if t in GATED_TAGS and not measured.get(t, {}).get("tensors")]
         if missing:
@@ -228,6 +234,22 @@ class CudaRelease:
         torch.cuda.synchronize()
         torch._C._host_emptyCache()
         return {"emptied": True, "seconds": round(time.perf_counter() - t0, 6)}
+
+    def _empty_device_cache(self) -> dict[str, Any]:
+        """Returns the caching allocator's free blocks to the driver: whatever stays mapped
+        is checkpointed into the image and brought back on every restore. Blocks in use, and
+        the private pools of captured CUDA graphs, stay; the allocator maps memory again when
+        serving needs it."""
+        cuda = self.torch.cuda
+        t0 = time.perf_counter()
+        reserved = int(cuda.memory_reserved())
+        cuda.empty_cache()
+        return {
+            "reserved_before": reserved,
+            "reserved_after": int(cuda.memory_reserved()),
+            "allocated": int(cuda.memory_allocated()),
+            "seconds": round(time.perf_counter() - t0, 6),
+        }
 
     def _regions(self, mgr: Any, tags: list[str]) -> dict[str, list[Any]]:
         """Released tag -> the tensors that must not stay mapped."""

@@ -401,7 +401,7 @@ class SchedulerHooks:
     def _stage(self, plan: Any, rank: int) -> dict[str, Any]:
         """Checks the plan against this rank's registry; opens and verifies native packs."""
         self._require_registered()
-        staged: dict[str, Any] = {"nccl": None, "sources": {}, "verify_seconds": {}}
+        staged: dict[str, Any] = {"nccl": None, "sources": {}, "verify_seconds": {}, "rank": rank}
         if plan.provider == "native":
             verify = not (plan.preverified or self.settings.artifact_preverified)
             for entry in self.registry.models():
@@ -449,7 +449,10 @@ class SchedulerHooks:
             original(mgr, recv_req, *args, **kwargs)
             hydrated = {}
             for entry in self.registry.models():
-                hydrated[entry.role] = _payload.hydrate(entry.model, staged["sources"][entry.role])
+                prefilled = _payload.prefill_folder(plan, staged["rank"], entry.role)
+                hydrated[entry.role] = _payload.hydrate(
+                    entry.model, staged["sources"][entry.role], prefilled
+                )
                 hydrated[entry.role]["verify_seconds"] = staged["verify_seconds"][entry.role]
                 entry.check_live()
             detail["hydrated"] = hydrated

@@ -77,7 +77,13 @@ class FakeCuda:
         return self.total - self.used, self.total
 
     def memory_reserved(self) -> int:
-        return 3 * GIB
+        return GIB if "empty_cache" in self.calls else 3 * GIB
+
+    def memory_allocated(self) -> int:
+        return GIB // 2
+
+    def empty_cache(self) -> None:
+        self.calls.append("empty_cache")
 
     def synchronize(self) -> None:
         self.calls.append("synchronize")
@@ -187,8 +193,12 @@ def test_a_release_that_frees_its_regions_records_the_residual(tmp_path: Path) -
     assert report["device_freed"] == 19 * GIB - 7
     assert report["error"] is None
     assert report["host_cache"]["emptied"] is True
-    # the pinned host cache is emptied after a synchronize
-    assert mgr.torch.cuda.calls[-2:] == ["synchronize", "host_empty"]
+    # the pinned host cache is emptied after a synchronize, then the allocator's free blocks
+    assert mgr.torch.cuda.calls[-3:] == ["synchronize", "host_empty", "empty_cache"]
+    cache = report["device_cache"]
+    assert (cache["reserved_before"], cache["reserved_after"]) == (3 * GIB, GIB)
+    assert cache["allocated"] == GIB // 2
+    assert report["reserved_after"] == GIB  # measured after the cache was emptied
 
 
 def test_with_the_memory_saver_off_the_record_names_the_resident_regions(tmp_path: Path) -> None:

@@ -4,21 +4,19 @@ weights, tied embeddings, derived buffers, bf16 + fp32 + int8), and storage-byte
 from __future__ import annotations
 
 import importlib
-import sys
 from collections.abc import Mapping
 
 import torch
 
 
 def _transformers():
-    """Imports transformers. If the installed torchvision cannot load against this torch (a
-    CUDA torchvision wheel next to a CPU torch), hide it: the text models need no vision."""
-    try:
-        importlib.import_module("torchvision")
-    except Exception:
-        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
-            del sys.modules[name]
-        sys.modules["torchvision"] = None  # type: ignore[assignment]
+    """Imports transformers. On a CPU torch, the PyPI torchvision (built against CUDA torch)
+    loads only once SGLang's CPU support declared its ops: the same activation every SGLang test
+    in this process makes (hiding torchvision instead broke later imports of SGLang here)."""
+    if not torch.cuda.is_available():
+        from coldsnap.engines.sglang import cpu
+
+        cpu.activate()
     return importlib.import_module("transformers")
 
 

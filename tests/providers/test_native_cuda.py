@@ -1,4 +1,5 @@
-"""The CUDA path of the native provider (pinned ring, dedicated stream). Runs only on a GPU."""
+"""The CUDA path of the native provider (the registered mapping; the pinned ring where registration
+is refused). Runs only on a GPU."""
 
 from __future__ import annotations
 
@@ -45,11 +46,29 @@ def test_cuda_round_trip_is_bit_exact_and_in_place(tmp_path):
     with Hydrator(threads=4, slot_bytes=1 << 20, cuda_slots=6) as hydrator:
         report = hydrator.hydrate(dst, PackDirectory(tmp_path / "p"))
         assert report.verified
+        assert report.cuda_path == "registered"  # the GPU read the pack's pages itself
         assert data_ptrs(dst) == before
         assert storage_bytes(dst) == storage_bytes(src)
         again = cuda_mapping(3)
         hydrator.hydrate(again, PackDirectory(tmp_path / "p"))  # the ring is reused
         assert storage_bytes(again) == storage_bytes(src)
+
+
+def test_a_refused_registration_copies_through_the_ring_and_says_so(tmp_path, monkeypatch):
+    from coldsnap.providers.native import _cuda
+
+    def refuse(self, i):
+        raise _cuda.RegistrationRefused(f"cudaHostRegister of window {i}: refused by the test")
+
+    monkeypatch.setattr(_cuda.RegisteredFile, "register", refuse)
+    src = cuda_mapping(6)
+    export_pack(src, tmp_path / "p")
+    dst = cuda_mapping(7)
+    before = data_ptrs(dst)
+    report = hydrate_pack(dst, PackDirectory(tmp_path / "p"), verify=False)
+    assert report.cuda_path.startswith("ring: cudaHostRegister of window 0")
+    assert data_ptrs(dst) == before
+    assert storage_bytes(dst) == storage_bytes(src)
 
 
 def test_cpu_export_hydrates_into_cuda(tmp_path):

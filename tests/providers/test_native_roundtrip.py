@@ -47,6 +47,7 @@ def test_model_round_trip_is_bit_exact_and_in_place(tmp_path, make_model, arch):
     before = data_ptrs(dst_tensors)
     report = hydrate_pack(dest, PackDirectory(tmp_path / "pack"))
     assert report.verified and report.extents == len(index.extents)
+    assert report.cuda_path == ""  # no CUDA storage: nothing went through the GPU path
     assert report.nbytes == sum(
         t.untyped_storage().nbytes()
         for t in {t.untyped_storage().data_ptr(): t for t in dst_tensors.values()}.values()
@@ -143,6 +144,14 @@ def test_multiple_packs_and_a_reused_hydrator(tmp_path):
             hydrator.hydrate(dst, PackDirectory(tmp_path / "p"))
             assert all(torch.equal(dst[n], src[n]) for n in src)
         hydrator.verify(PackDirectory(tmp_path / "p"))
+
+
+def test_packs_written_in_parallel_equal_those_written_one_by_one(tmp_path):
+    src = {f"layer.{i}.w": torch.randn(3000 + 7 * i) for i in range(9)}
+    one = export_pack(src, tmp_path / "one", pack_bytes=16 << 10, threads=1).index
+    many = export_pack(src, tmp_path / "many", pack_bytes=16 << 10, threads=4).index
+    assert len(many.packs) > 2
+    assert many == one  # same packs, same extents, in the same order
 
 
 def test_preverified_skips_verification_only_when_asked(tmp_path, monkeypatch):

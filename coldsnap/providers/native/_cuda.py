@@ -58,6 +58,11 @@ def host_view(buffer: torch.Tensor, nbytes: int | None = None) -> memoryview:
     return memoryview((ctypes.c_char * size).from_address(buffer.data_ptr())).cast("B")
 
 
+def use_device(device: torch.device) -> None:
+    """Makes `device` this thread's current CUDA device (a new thread's is device 0)."""
+    torch.cuda.set_device(device)
+
+
 def pinned(nbytes: int) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
@@ -294,12 +299,22 @@ class RegisteredPacks(Closing):
         window_bytes: int = DEFAULT_WINDOW_BYTES,
         register_threads: int = 4,
         verify_threads: int = 8,
+        device: torch.device | None = None,
     ) -> None:
         self.source = source
         self.window_bytes = window_bytes
         self.files: dict[str, RegisteredFile] = {}
         self._fds: list[int] = []
-        self._pool = ThreadPoolExecutor(register_threads, thread_name_prefix="coldsnap-register")
+        # A new thread's current CUDA device is 0: a registration there would make a context
+        # on GPU 0 in every rank's process. Each registering thread takes this device first.
+        if device is None or device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self._pool = ThreadPoolExecutor(
+            register_threads,
+            thread_name_prefix="coldsnap-register",
+            initializer=torch.cuda.set_device,
+            initargs=(device,),
+        )
         self._verify_pool = ThreadPoolExecutor(verify_threads, thread_name_prefix="coldsnap-xxh3")
         self.verify_threads = verify_threads
         try:
@@ -437,6 +452,7 @@ def hydrate_registered(
     window_bytes: int = DEFAULT_WINDOW_BYTES,
     register_threads: int = 4,
     verify_threads: int = 8,
+    device: torch.device | None = None,
 ) -> RegisteredReport:
     """Maps, registers (pipelined with the copy), copies and unregisters in one call."""
     with RegisteredPacks(
@@ -444,5 +460,6 @@ def hydrate_registered(
         window_bytes=window_bytes,
         register_threads=register_threads,
         verify_threads=verify_threads,
+        device=device,
     ) as packs:
         return packs.copy(tensors, verify=verify)

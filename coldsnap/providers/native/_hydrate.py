@@ -7,9 +7,13 @@ Order of work, so that a bad pack never leaves a storage partly written:
    staging ring with os.preadv and check its xxh3_64 checksum. Any failure stops here, with
    every destination byte untouched. This is "verify extents into staging before writing".
 3. copy: CPU storages are filled by os.preadv straight into their memory (one copy, the same
-   as a memcpy from the page cache: a staging hop on CPU would be a second memcpy); CUDA
-   storages through the pinned ring and non-blocking host-to-device copies on a dedicated
-   stream (`_cuda.CudaStager`).
+   as a memcpy from the page cache: a staging hop on CPU would be a second memcpy). CUDA
+   storages are copied by the GPU straight from the pack's page-cache pages, mapped and
+   page-locked window by window while the copies run (`_cuda.RegisteredPacks`: no staging
+   copy; 0.40 of the pinned bus speed through the ring on the H200 with an 8 GiB pack, where
+   registration pipelined with the copy measured about 0.68 in isolation). Where the driver
+   refuses to register the mapping, the pinned ring (`_cuda.CudaStager`) copies instead, and
+   the report says so (`cuda_path`).
 
 One pass (`one_pass=True`): steps 2 and 3 fuse for CPU storages. The pack files are mapped
 read-only and shared (their page-cache pages, as `_cuda.RegisteredFile` maps them); each block
@@ -75,6 +79,7 @@ class HydrateReport:
     copy_seconds: float
     threads: int
     checked_in_copy: bool = False  # one pass: CPU blocks were checked inside copy_seconds
+    cuda_path: str = ""  # "registered", or "ring: <why registration was refused>"; "" no CUDA
 
     @property
     def seconds(self) -> float:
@@ -142,6 +147,9 @@ class Hydrator(Closing):
         jobs = plan(index, mapping)
         in_copy = verify and one_pass
         before = [job for job in jobs if not (in_copy and job.group.device.type == "cpu")]
+        on_cuda = [job for job in jobs if job.group.device.type == "cuda"]
+        rest = [job for job in jobs if job.group.device.type != "cuda"]
+        cuda_path = ""
         with _PackFiles(source) as files, self._busy:
             verify_seconds = (
                 self._verify(index, [(job.extent, files) for job in before])
@@ -149,9 +157,12 @@ class Hydrator(Closing):
                 else 0.0
             )
             if in_copy:
-                copy_seconds = self._copy(jobs, files, check_block=index.block_bytes)
+                copy_seconds = self._copy(rest, files, check_block=index.block_bytes)
             else:
-                copy_seconds = self._copy(jobs, files)
+                copy_seconds = self._copy(rest, files)
+            if on_cuda:
+                seconds, cuda_path = self._copy_cuda(on_cuda, source, files)
+                copy_seconds += seconds
             files.check_unchanged()
         return HydrateReport(
             nbytes=sum(job.extent.nbytes for job in jobs),
@@ -161,6 +172,7 @@ class Hydrator(Closing):
             copy_seconds=copy_seconds,
             threads=self.threads,
             checked_in_copy=in_copy,
+            cuda_path=cuda_path,
         )
 
     # steps --------------------------------------------------------------------------------
@@ -293,6 +305,32 @@ class Hydrator(Closing):
                 "be served:\n  " + "\n  ".join(errors[:20])
             )
         return time.perf_counter() - start
+
+    def _copy_cuda(
+        self, jobs: list[Job], source: PackSource, files: _PackFiles
+    ) -> tuple[float, str]:
+        """CUDA storages from the registered mapping of the packs (already verified, or
+        preverified, by the caller); the pinned ring where registration is refused."""
+        start = time.perf_counter()
+        devices = {job.group.device for job in jobs}
+        if len(devices) != 1:
+            raise HydrationFailed(f"one process hydrates one GPU; these storages are on {devices}")
+        try:
+            packs = _cuda.RegisteredPacks(source, register_threads=4, device=devices.pop())
+            try:
+                packs.copy(jobs, verify=False, unregister=False)
+            except BaseException:
+                packs.close()
+                raise
+            # Unpinning and unmapping 8 GiB takes a tenth of a second the engine need not wait
+            # for: every copy has landed (copy() synchronized its stream).
+            threading.Thread(target=packs.close, name="coldsnap-unregister", daemon=True).start()
+            return time.perf_counter() - start, "registered"
+        except _cuda.RegistrationRefused as exc:
+            # Registration failed before a window's copy was queued, or after the copies queued
+            # so far landed: the ring rewrites every byte of every CUDA storage.
+            seconds = time.perf_counter() - start
+            return seconds + self._copy(jobs, files), f"ring: {exc}"
 
     # machinery ----------------------------------------------------------------------------
 
