@@ -34,6 +34,7 @@ from ._identity import (
     Topology,
 )
 from ._names import DIGEST_PREFIX, digest_problem, member_name_problem
+from ._sources import Persisted, SourceMemo
 from ._store import GcReport, ObjectWriter, Store, VerifyReport
 
 __all__ = [
@@ -51,11 +52,13 @@ __all__ = [
     "Member",
     "ModelBinding",
     "ObjectWriter",
+    "Persisted",
     "PhaseCoverage",
     "Platform",
     "RecordError",
     "ShapeCoverage",
     "SnapshotDriver",
+    "SourceMemo",
     "Store",
     "StoreError",
     "Topology",

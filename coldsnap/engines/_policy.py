@@ -25,6 +25,7 @@ class Endpoints:
     health: str = "/health"
     health_generate: str = "/health_generate"
     ready: str = "/ready"
+    ping: str = "/ping"  # the HTTP server alone (SGLang 0.5.17 and 0.5.23: SageMaker's probe)
     generate: str = "/generate"
     release: str = "/release_memory_occupation"
     resume: str = "/resume_memory_occupation"

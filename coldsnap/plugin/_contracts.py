@@ -602,6 +602,8 @@ class Report:
 
 # The variants in use of the SGLang build this process last checked against CONTRACTS.
 _CHECKED: dict[str, Contract] | None = None
+# What a check of this very build in another process found (`recall_variants`), while none ran.
+_RECALLED: dict[str, str] | None = None
 
 
 def _requirement_problem(alt: Contract, in_use: dict[str, Contract]) -> str | None:
@@ -707,10 +709,19 @@ def digest() -> str:
 
 
 def variants_checked() -> dict[str, str] | None:
-    """contract key -> "<seen_in>:<variant>" of the build this process last checked, or None."""
+    """contract key -> "<seen_in>:<variant>" of the build this process last checked (else the
+    recalled ones, `recall_variants`), or None."""
     if _CHECKED is None:
-        return None
+        return None if _RECALLED is None else dict(_RECALLED)
     return {k: f"{c.seen_in}:{c.variant}" for k, c in _CHECKED.items()}
+
+
+def recall_variants(variants: dict[str, str]) -> None:
+    """Adopts `variants_checked()` of a check of this same build made by an earlier process
+    (the orchestrator's identity record, coldsnap.engines.sglang), so that `plugin_digest()`
+    binds them without importing SGLang here. A check in this process takes precedence."""
+    global _RECALLED
+    _RECALLED = dict(variants)
 
 
 def plugin_digest() -> str:

@@ -237,3 +237,41 @@ def test_policy_is_data_a_second_engine_needs_no_client_change() -> None:
     assert c.health()
     assert c.generate("p", max_new_tokens=2).token_ids == (4,)
     assert rec.bodies()[1] == {"prompt": "p", "params": {"temperature": 0.0, "max_tokens": 2}}
+
+
+def test_clients_share_one_tls_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restore makes a client per engine step; building each its own TLS context (the CA
+    bundle loaded again) cost about 40 ms a step."""
+    from coldsnap.engines import _client
+
+    built: list[object] = []
+    real = httpx.create_ssl_context
+
+    def counting(*args: object, **kwargs: object) -> object:
+        built.append(1)
+        return real()
+
+    monkeypatch.setattr(_client.httpx, "create_ssl_context", counting)
+    _client._tls.cache_clear()
+    try:
+        for _ in range(3):
+            EngineClient("https://engine", SGLANG_POLICY).close()
+        assert len(built) == 1
+    finally:
+        _client._tls.cache_clear()
+
+
+def test_a_probe_asked_once_is_not_retried() -> None:
+    """wait_healthy polls every 20 ms itself: a retry's back-off would see a server that just
+    came up up to 0.8 s late."""
+    calls = {"n": 0}
+
+    def down(req: httpx.Request) -> httpx.Response:
+        calls["n"] += 1
+        raise httpx.ConnectError("refused", request=req)
+
+    c, _ = client(down)
+    for probe in (c.ready, c.ping, c.health):
+        with pytest.raises(EngineError, match="ConnectError"):
+            probe(once=True)
+    assert calls["n"] == 3

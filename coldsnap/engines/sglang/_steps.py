@@ -12,6 +12,7 @@ import contextlib
 import importlib.metadata
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 
 import httpx
 import psutil
+from attrs import frozen
 
 from coldsnap._errors import DefinitionError
 from coldsnap._wire import (
@@ -31,6 +33,7 @@ from coldsnap._wire import (
     status_path,
     write_plan,
 )
+from coldsnap.artifacts import Persisted, SourceMemo
 from coldsnap.engines import EngineClient, EngineError, EnginePolicy
 from coldsnap.machine import Launcher, StepContext
 from coldsnap.machine import steps as s
@@ -47,13 +50,82 @@ GRAPH_SAVER_ENV = "SGLANG_MEMORY_SAVER_CUDA_GRAPH"
 """With it set to 1, SGLang captures CUDA graphs inside the memory saver's `cuda_graph` region, so
 releasing that tag frees the graphs' memory; without it nothing is tagged `cuda_graph`."""
 REPORT_FIELD = "cuda_release"  # the scheduler's status field (coldsnap.plugin._cuda_release)
+HTTP_PROCESS = "main"  # the HTTP server's status record (coldsnap.plugin._install.process_role)
 
 
 def installed_sglang() -> tuple[str, str, str]:
-    """SGLang's installed version and the digest of the contracts the plugin checks in it."""
-    from coldsnap.plugin import digest
+    """SGLang's installed version and the digest of the contracts the plugin checks in it,
+    taken again only once a file it is read from may have changed (`_INSTALLED`): every admit
+    asks, and the contract check costs about 0.1 s of re-tokenized sources. A fresh process
+    finds it in the node's record (`_PERSISTED`) while nothing changed, without importing
+    SGLang (6-10 s on CPU, 21-24 s on the H200); the contract variants then come from the
+    record too, so `coldsnap.plugin.plugin_digest()` binds them as if checked here."""
+    from coldsnap.plugin import recall_variants
 
-    return "sglang", importlib.metadata.version("sglang"), digest()
+    build, recorded = _INSTALLED.fetch()
+    if recorded:  # computed here, the check itself left its variants in this process
+        recall_variants(build.variants)
+    return build.engine, build.version, build.contract
+
+
+@frozen
+class InstalledBuild:
+    """What identifying the installed SGLang takes an import for."""
+
+    engine: str
+    version: str
+    contract: str
+    variants: dict[str, str]  # coldsnap.plugin.variants_checked() of that check
+
+
+def _installed_sglang() -> InstalledBuild:
+    from coldsnap.plugin import digest, variants_checked
+
+    contract = digest()
+    return InstalledBuild(
+        "sglang", importlib.metadata.version("sglang"), contract, variants_checked() or {}
+    )
+
+
+_SELECTING_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH", "PYTHONNOUSERSITE")
+
+
+def _build_selector() -> dict[str, str]:
+    """What the identity depends on besides the stamped files: this interpreter, its import
+    path (cpu.activate() puts the CPU stand-ins and an overlay there) and the environment
+    variables that can change what SGLang's import loads (every SGLANG_* one, and
+    COLDSNAP_SGLANG_OVERLAY)."""
+    env = {
+        f"env:{k}": v
+        for k, v in os.environ.items()
+        if k in _SELECTING_VARIABLES or k.startswith(("SGLANG_", "COLDSNAP_SGLANG_"))
+    }
+    return {"executable": sys.executable, "sys.path": json.dumps(sys.path), **env}
+
+
+def _sglang_sources() -> list[str]:
+    """What the version and the contract digest are read from: the files of SGLang's and the
+    plugin's loaded modules, their directories (a module added), and the import path's
+    directories that hold distributions (one installed, removed or upgraded)."""
+    files = [
+        path
+        for name, module in list(sys.modules.items())
+        if name.split(".")[0] == "sglang" or name.startswith("coldsnap.plugin")
+        if (path := getattr(module, "__file__", None))
+    ]
+    folders = {os.path.dirname(f) for f in files}
+    return [*files, *folders, *(p for p in sys.path if _holds_distributions(p))]
+
+
+def _holds_distributions(folder: str) -> bool:
+    try:
+        return any(n.endswith((".dist-info", ".egg-info")) for n in os.listdir(folder or "."))
+    except OSError:
+        return False
+
+
+_PERSISTED = Persisted("sglang-build", _build_selector, InstalledBuild)
+_INSTALLED = SourceMemo(_installed_sglang, _sglang_sources, persist=_PERSISTED)
 
 
 class SGLangEngine:
@@ -119,12 +191,22 @@ class SGLangEngine:
     def wait_healthy(self, ctx: StepContext) -> dict[str, Any]:
         """Polls readiness, which answers at once (SGLang's /health sends a one-token request
         and sleeps a whole second before it looks for the answer; the acceptance request that
-        follows proves generation). An engine without /ready is polled on /health. Fails at
-        once, with the tail of the engine's log, when the engine's process has ended."""
+        follows proves generation). An engine without /ready (SGLang 0.5.17) is polled on /ping,
+        which only says that the HTTP server serves, once the plugin's health gate in that
+        server has opened again after a release (`_gate_opened`: every rank resumed and the gate
+        set the server's status Up itself); otherwise (a first start, whose status only SGLang's
+        warm-up makes Up, or an engine without /ping) on /health. Fails at once, with the tail
+        of the engine's log, when the engine's process has ended."""
         started = time.monotonic()
         pid = int(ctx.facts[s.ENGINE_PID.name])
-        on_health = False
+        runtime_dir = ctx.facts.get(s.RUNTIME_DIR.name)
+        missing: set[str] = set()  # endpoints this engine answers 404
         with self._client(ctx) as client:
+            probes = {  # one attempt each: this loop polls every 20 ms on its own
+                "ready": lambda: client.ready(once=True),
+                "ping": lambda: client.ping(once=True),
+                "health": lambda: client.health(once=True),
+            }
             while True:
                 ctx.check()
                 if not _running(pid):
@@ -132,11 +214,23 @@ class SGLangEngine:
                         "wait_healthy",
                         f"the engine (pid {pid}) ended before it was ready{_log_tail(ctx)}",
                     )
+                if "ready" not in missing:
+                    probe = "ready"
+                elif "ping" not in missing and _gate_opened(runtime_dir, pid):
+                    probe = "ping"
+                else:
+                    probe = "health"
                 try:
-                    if client.health() if on_health else client.ready():
+                    if probes[probe]():
                         break
-                except EngineError as exc:  # not serving yet (connection refused)
-                    on_health = on_health or exc.status == 404  # no /ready: poll /health
+                except EngineError as exc:  # not serving yet (connection refused), or no route
+                    if exc.status == 404:
+                        if probe == "health":
+                            raise EngineError(
+                                "wait_healthy", "the engine answers neither /ready nor /health"
+                            ) from exc
+                        missing.add(probe)
+                        continue  # the next probe asks another endpoint: no need to wait
                 time.sleep(0.02)
         return {s.HEALTHY_AFTER_S.name: round(time.monotonic() - started, 3)}
 
@@ -225,7 +319,10 @@ class SGLangEngine:
         restore (the same for every rank), then resumes the weights; the plugin hydrates the
         payload or reloads the pinned checkpoint before the call returns."""
         seed = int.from_bytes(os.urandom(8), "little") >> 1
-        source = ctx.facts[s.WEIGHT_SOURCE.name]
+        source = dict(ctx.facts[s.WEIGHT_SOURCE.name])
+        prefill = ctx.facts.get(s.PREFILL.name)  # made only where the prefill step ran
+        if prefill:
+            source["prefill_dir"] = prefill["dir"]
         plan = plan_from({**source, "seed": seed}, where=f"weight source {source!r}")
         write_plan(Path(ctx.facts[s.RUNTIME_DIR.name]), plan)
         with self._client(ctx) as client, self._naming_ranks(ctx, "resume_weights"):
@@ -454,6 +551,29 @@ def _check_release(runtime_dir: Path, started: float, *, cuda: bool) -> int:
         )
         raise EngineError("release_memory", "; ".join(problems) + hint)
     return residual
+
+
+def _gate_opened(runtime_dir: str | None, pid: int) -> bool:
+    """Whether the plugin's health gate in the engine's HTTP server has opened again after a
+    release, by that server's own status record (coldsnap.plugin._gate): open, nothing left
+    released, written by the engine's process `pid` (n610 restores keep PIDs). The gate opens
+    only once every released region was resumed and every rank reported its resume (hydration
+    included), and it sets the server's status Up as it opens: what /health would wait for,
+    minus its one-token request. A record that is absent, unreadable or another process's is
+    no evidence, and the caller asks /health instead (slower, never less strict)."""
+    if not runtime_dir:
+        return False
+    try:
+        record = json.loads(status_path(Path(runtime_dir), HTTP_PROCESS).read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(record, dict)
+        and record.get("kind") == STATUS_KIND
+        and record.get("pid") == pid
+        and record.get("gate") == "open"
+        and record.get("released_tags") == []
+    )
 
 
 def _gib(n: int) -> str:

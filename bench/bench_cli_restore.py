@@ -1,0 +1,228 @@
+"""A restore from a fresh orchestrator process (`coldsnap restore NAME`, a new process each
+time) to its first answer, with and without the node's engine-identity record
+(coldsnap.artifacts._sources, `/run/coldsnap/sources/sglang-build-*.json`), against the
+in-process restore and the cold start measured in the same run.
+
+    .venv/bin/python bench/bench_cli_restore.py [--runs 3] [--json OUT]
+
+- cold: a plain SGLang server, launch to its first greedy answer.
+- in-process: Machine.restore in this (warm) process, to the first answer.
+- cli, no record: `coldsnap restore` after removing the identity record, so the command
+  imports SGLang for the contract digest (what every fresh process did before the record).
+- cli, record: `coldsnap restore` with the record in place (written by the previous command).
+Each CLI time runs from the command's spawn to the first answer equal to the cold one; the
+receipt's `admit` step (where the identity is taken) and the command's time outside the
+receipt (interpreter start, imports, Machine.for_request) are printed beside it. Needs root
+(CRIU) and a host `coldsnap doctor` passes; captures and stops are not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from coldsnap.artifacts._sources import SOURCES_ROOT
+from coldsnap.cli._demo import (
+    DemoError,
+    capture,
+    cold_start,
+    first_answer,
+    ready_host,
+    restore_to_first_answer,
+)
+from coldsnap.engines.sglang import free_port
+from coldsnap.machine import CaptureRequest, ModelRef, RestoreRequest
+
+COLDSNAP = Path(sys.executable).with_name("coldsnap")
+MODES = ("cli-no-record", "cli-record")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="timed runs of each kind")
+    parser.add_argument("--json", type=Path, help="write every measurement here")
+    args = parser.parse_args()
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    problem = ready_host()
+    if problem:
+        print(f"bench_cli_restore: {problem}", file=sys.stderr)
+        return 2
+    from coldsnap.tiny_models import build_model
+
+    root = Path(tempfile.mkdtemp(prefix="bench-cli-restore-", dir="/var/tmp"))
+    store = root / "store"
+    rows: list[dict[str, Any]] = []
+    try:
+        info = build_model(root / "model", arch="llama", size="tiny", seed=0)
+        model = ModelRef(id="bench-tiny-llama", revision="seed0", path=str(info.path))
+        reference = cold_start(info.path, root / "logs" / "cold-ref.log")
+        request = CaptureRequest(
+            driver="n610",
+            provider="native",
+            model=model,
+            engine="sglang",
+            name="tiny",
+            workdir=str(root / "capture"),
+            store=str(store),
+        )
+        capture(request)
+        _in_process(root, model, "warmup", reference.tokens)
+        for run in range(args.runs):
+            row: dict[str, Any] = {"run": run}
+            row["cold"] = cold_start(info.path, root / "logs" / f"cold-{run}.log").seconds
+            row["in-process"] = _in_process(root, model, str(run), reference.tokens)
+            for mode in MODES:
+                if mode == "cli-no-record":
+                    _forget_records()
+                row[mode] = _cli_restore(root, store, f"{mode}-{run}", reference.tokens)
+            rows.append(row)
+            print(
+                f"run {run}: cold {row['cold']:.2f} s, in-process {row['in-process']:.2f} s, "
+                + ", ".join(
+                    f"{m} {row[m]['seconds']:.2f} s (admit {row[m]['admit']:.2f} s, outside "
+                    f"the receipt {row[m]['outside_receipt']:.2f} s)"
+                    for m in MODES
+                )
+            )
+        _report(rows)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+def _forget_records() -> None:
+    for path in SOURCES_ROOT.glob("sglang-build-*.json"):
+        path.unlink(missing_ok=True)
+
+
+def _in_process(root: Path, model: ModelRef, tag: str, expected: tuple[int, ...]) -> float:
+    request = RestoreRequest(
+        driver="n610",
+        provider="native",
+        model=model,
+        engine="sglang",
+        artifact="tiny",
+        workdir=str(root / f"restore-{tag}"),
+        store=str(root / "store"),
+    )
+    answer, receipt, machine = restore_to_first_answer(request, expected)
+    tree = _tree(receipt.facts.get("engine_pid"))
+    machine.stop(receipt)
+    _wait_gone(tree)
+    return answer.seconds
+
+
+def _cli_restore(root: Path, store: Path, tag: str, expected: tuple[int, ...]) -> dict[str, Any]:
+    """`coldsnap restore` in a new process, timed from its spawn to the first answer."""
+    workdir = root / f"restore-{tag}"
+    argv = [
+        str(COLDSNAP),
+        "restore",
+        "tiny",
+        "--store",
+        str(store),
+        "--workdir",
+        str(workdir),
+        "--port",
+        str(free_port()),
+        "--serve-as",
+        tag,
+        "--json",
+    ]
+    started = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    command_s = time.perf_counter() - started
+    last: dict[str, Any] = {}
+    try:
+        events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        last = events[-1] if events else {}
+        if done.returncode != 0 or last.get("status") != "done":
+            raise DemoError(f"{' '.join(argv)}: rc {done.returncode}\n{done.stderr[-3000:]}")
+        tokens = first_answer(last["result"]["url"])
+        seconds = time.perf_counter() - started
+    finally:
+        tree = _tree((last.get("result") or {}).get("pid"))
+        subprocess.run([str(COLDSNAP), "stop", tag], capture_output=True, check=False)
+        _wait_gone(tree)  # the next restore takes the image's PIDs back
+    if tokens != tuple(expected):
+        raise DemoError(f"{tag}: the restore answered {list(tokens)}, the cold start {expected}")
+    timings = last["result"]["timings"]
+    return {
+        "seconds": seconds,
+        "command": command_s,
+        "receipt": last["seconds"],
+        "outside_receipt": command_s - last["seconds"],
+        "admit": timings.get("admit", 0.0),
+        "steps": timings,
+    }
+
+
+def _tree(pid: int | None) -> list[int]:
+    if pid is None:
+        return []
+    try:
+        root = psutil.Process(pid)
+        return [root.pid, *(c.pid for c in root.children(recursive=True))]
+    except psutil.Error:
+        return []
+
+
+def _wait_gone(pids: list[int], timeout: float = 60.0) -> None:
+    """Until none of `pids` is held, zombies included. The in-process restores make this
+    process a subreaper, so the CLI's orphaned engines end as its children: reaped here."""
+    deadline = time.monotonic() + timeout
+    while any(psutil.pid_exists(p) for p in pids):
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        if time.monotonic() > deadline:
+            raise DemoError(f"the stopped engine's processes {pids} are still there")
+        time.sleep(0.1)
+
+
+def _report(rows: list[dict[str, Any]]) -> None:
+    cold = statistics.median(r["cold"] for r in rows)
+    inproc = statistics.median(r["in-process"] for r in rows)
+    print(f"\nmedians over {len(rows)} runs (load {os.getloadavg()[0]:.2f}):")
+    print(f"  cold start {cold:.2f} s, in-process restore {inproc:.2f} s")
+    for mode in MODES:
+        med = statistics.median(r[mode]["seconds"] for r in rows)
+        admit = statistics.median(r[mode]["admit"] for r in rows)
+        outside = statistics.median(r[mode]["outside_receipt"] for r in rows)
+        print(
+            f"  {mode:14} {med:6.2f} s to the first answer (admit {admit:.2f} s, outside the "
+            f"receipt {outside:.2f} s): x{med / inproc:.2f} the in-process restore, cold start "
+            f"x{cold / med:.2f} faster"
+        )
+    steps: dict[str, list[float]] = {}
+    for mode in MODES:
+        for r in rows:
+            for name, sec in r[mode]["steps"].items():
+                steps.setdefault(f"{mode} {name}", []).append(sec)
+    print(
+        "  steps over 50 ms, medians: "
+        + ", ".join(
+            f"{k} {statistics.median(v):.2f}"
+            for k, v in steps.items()
+            if statistics.median(v) > 0.05
+        )
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
