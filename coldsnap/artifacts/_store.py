@@ -15,6 +15,7 @@ and every member are durable: a reader never sees a partial capsule.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
@@ -22,7 +23,7 @@ import stat
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
@@ -38,6 +39,7 @@ from ._errors import IntegrityError, RecordError, StoreError
 from ._names import DIGEST_PREFIX, digest_problem, tag_problem
 
 _CHUNK = 8 << 20
+_SENDFILE_BYTES = 1 << 30
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -51,6 +53,18 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         return not self.bad
+
+
+@frozen
+class Taken:
+    """What `Store.take` put in: the object, its size, the sha256 (hex) of each block when
+    asked, and the stat of the inode it hashed, taken before the hash, when that inode is now the
+    object (None when an equal object was already there: that one's bytes were not read)."""
+
+    digest: str
+    size: int
+    blocks: tuple[str, ...]
+    hashed: os.stat_result | None
 
 
 @frozen
@@ -179,6 +193,87 @@ class Store:
             tmp.unlink(missing_ok=True)
             raise
         return digest
+
+    def take(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        block_bytes: int | None = None,
+        helpers: Executor | None = None,
+        syncs: Executor | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> Taken:
+        """Takes a file in, its bytes read once by Python: moved in when it is on the store's
+        filesystem (as `adopt`: not copied), copied in otherwise (in the kernel, sendfile); then
+        the store's private file is hashed in one pass, for its name and, with `block_bytes`,
+        each block's sha256. `helpers` runs the block hashes beside that pass (a multi-GB file
+        then costs one sha256 pass on this thread), `syncs` the fsync (a pool of its own: an
+        fsync may wait seconds for writeback, and must not hold up block hashes); without
+        them they run in turn. The file is fsynced before it is renamed into objects/.
+        `progress` is told the bytes of each piece hashed. A moved file that fails is given
+        back where it was; a copy leaves its source as it was."""
+        source = Path(path)
+        st = os.lstat(source)
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
+            raise StoreError(f"{source} is not a regular file (symlinks are refused)")
+        if block_bytes is not None and block_bytes <= 0:
+            raise StoreError(f"block_bytes: {block_bytes} is not a positive number of bytes")
+        run = helpers.submit if helpers is not None else _now
+        tmp_dir = self.root / "tmp"
+        if st.st_dev == os.stat(tmp_dir).st_dev:
+            tmp = tmp_dir / f"{uuid.uuid4().hex}.adopt"
+            try:
+                os.rename(source, tmp)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise  # EXDEV: another mount of the same filesystem; copied below
+            else:
+                try:
+                    os.chmod(tmp, _fs.FILE_MODE, follow_symlinks=False)
+                    return self._hash_in(source, tmp, block_bytes, run, syncs, progress)
+                except BaseException:
+                    if tmp.exists():
+                        os.rename(tmp, source)  # give the caller's file back untouched
+                    raise
+        tmp = tmp_dir / f"{uuid.uuid4().hex}.part"
+        try:
+            _copy_in(source, tmp)
+            return self._hash_in(source, tmp, block_bytes, run, syncs, progress)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def _hash_in(
+        self,
+        source: Path,
+        tmp: Path,
+        block_bytes: int | None,
+        run: Callable[..., Future[object]],
+        syncs: Executor | None,
+        progress: Callable[[int], None] | None,
+    ) -> Taken:
+        """Hashes a private temporary file while it is fsynced (the writeback overlaps the hash),
+        installs it, and says whether its inode became the object."""
+        fd = _fs.open_read(tmp)
+        try:
+            hashed = os.fstat(fd)
+            synced = syncs.submit(os.fsync, fd) if syncs is not None else None
+            try:
+                digest, size, blocks = _one_pass(source, fd, block_bytes, run, progress)
+            except BaseException:
+                if synced is not None:
+                    synced.exception()  # the fd is closed below: let the fsync end first
+                raise
+            if synced is None:
+                os.fsync(fd)
+            else:
+                synced.result()
+        finally:
+            os.close(fd)
+        self._install(tmp, digest)
+        now = os.lstat(self._object_path(digest))
+        same = (now.st_dev, now.st_ino) == (hashed.st_dev, hashed.st_ino)
+        return Taken(digest, size, blocks, hashed if same else None)
 
     def has(self, digest: str) -> bool:
         return _fs.regular_file(self._object_path(digest)) is not None
@@ -518,6 +613,111 @@ class Store:
 
 def _is_shard(name: str) -> bool:
     return len(name) == 2 and set(name) <= _HEX
+
+
+def _now(fn: Callable[..., object], *args: object) -> Future[object]:
+    """Runs `fn` here and now, as a finished future (`take` without helpers)."""
+    done: Future[object] = Future()
+    try:
+        done.set_result(fn(*args))
+    except BaseException as exc:
+        done.set_exception(exc)
+    return done
+
+
+def _copy_in(source: Path, tmp: Path) -> None:
+    """Copies `source` into a new private file `tmp` in the kernel (its bytes never pass
+    through Python: a user-space copy writes a few times slower on our hosts)."""
+    src = _fs.open_read(source)
+    try:
+        dst = _fs.create_exclusive(tmp)
+        try:
+            try:
+                offset = 0
+                while n := os.sendfile(dst, src, offset, _SENDFILE_BYTES):
+                    offset += n
+            except OSError as exc:
+                if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+                _copy_through_buffer(src, dst)  # a filesystem that refuses sendfile
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+
+
+def _copy_through_buffer(src: int, dst: int) -> None:
+    os.ftruncate(dst, 0)
+    os.lseek(dst, 0, os.SEEK_SET)
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    offset = 0
+    while n := os.preadv(src, [buffer], offset):
+        _fs.write_all(dst, view[:n])
+        offset += n
+
+
+def _one_pass(
+    name: Path,
+    src: int,
+    block_bytes: int | None,
+    run: Callable[..., Future[object]],
+    progress: Callable[[int], None] | None,
+) -> tuple[str, int, tuple[str, ...]]:
+    """Reads `src` once, in pieces of one block (or _CHUNK), into two buffers used in turn:
+    the whole-file sha256 is updated here while `run` hashes the previous block. A buffer is
+    read into again only when what hashed it is done. Returns the digest, the bytes read and
+    each block's sha256 (hex); StoreError names `name` if the file grew while it was read."""
+    whole = hashlib.sha256()
+    size = os.fstat(src).st_size
+    piece = block_bytes or _CHUNK
+    # a file smaller than a piece is read whole (one byte to spare shows that it ended)
+    buffers = [bytearray(piece if size >= piece else size + 1) for _ in range(2)]
+    busy: list[list[Future[object]]] = [[], []]
+    blocks: list[Future[object]] = []
+    offset, turn = 0, 0
+    try:
+        while True:
+            for job in busy[turn]:
+                job.result()
+            busy[turn] = []
+            view = memoryview(buffers[turn])
+            n = _read_full(src, view, offset)
+            if n == 0:
+                break
+            if n == len(view) < piece:
+                raise StoreError(f"{name} grew from {size} bytes while it was read")
+            data = view[:n]
+            if block_bytes is not None:
+                blocks.append(run(_sha256_hex, data))
+                busy[turn].append(blocks[-1])
+            whole.update(data)
+            if progress is not None:
+                progress(n)
+            offset += n
+            if n < len(view):
+                break  # a short read is the end of the file
+            turn ^= 1
+    finally:
+        for jobs in busy:
+            for job in jobs:
+                job.exception()  # nothing may still use a buffer when it is freed
+    for jobs in busy:
+        for job in jobs:
+            job.result()
+    return DIGEST_PREFIX + whole.hexdigest(), offset, tuple(str(b.result()) for b in blocks)
+
+
+def _read_full(fd: int, view: memoryview, offset: int) -> int:
+    """Fills `view` from `offset` unless the file ends first; the bytes read."""
+    done = 0
+    while done < len(view) and (n := os.preadv(fd, [view[done:]], offset + done)):
+        done += n
+    return done
+
+
+def _sha256_hex(data: memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _hash_fd(fd: int) -> str:

@@ -35,13 +35,13 @@ from coldsnap.artifacts import (
     IntegrityError,
     Member,
     ModelBinding,
+    Platform,
     RecordError,
     ShapeCoverage,
     SnapshotDriver,
     Store,
     StoreError,
     Topology,
-    capture_identity,
     check_compatible,
     checkpoint_digests,
     collect_platform,
@@ -83,18 +83,26 @@ class StoreArtifacts:
         """Adopts the process image (and the payload, when an earlier step exported one) into
         the store, adds the capture record and identity, and publishes the capsule under the
         request's name. Whether this capture created the capsule, and what the name pointed to
-        before, are recorded before publishing: a rollback must know what it owns."""
+        before, are recorded before publishing: a rollback must know what it owns.
+
+        The slow parts run side by side: the trees' files (on many threads, each byte read
+        once), the model checkpoint's digests (one sha256 pass per file, GBs), and on this
+        thread the engine's build and the platform (a first call of each imports: the engine,
+        to digest its contracts; torch)."""
         request = ctx.request
         store = Store(request.store)
-        image = Path(ctx.facts[s.IMAGE_DIR.name])
+        # The image's blocks are what admission checks: hashed here, so the first admit need not.
+        trees = [_Tree(Path(ctx.facts[s.IMAGE_DIR.name]), IMAGE_ROLE, IMAGE_PREFIX, blocks=True)]
         payload = ctx.facts.get(s.PAYLOAD_DIR.name)  # made only by a provider with a payload
-        trees = [image, *([Path(payload)] if payload is not None else [])]
-        sealed = _Meter(ctx, "sealed", sum(_tree_bytes(t) for t in trees))
-        members = _adopt_tree(store, image, IMAGE_ROLE, IMAGE_PREFIX, sealed)
-        blocks = _Meter(ctx, "hashed image blocks", sum(m.size for m in members))
-        members = _with_blocks(store, members, blocks)  # what admission checks, on many cores
         if payload is not None:
-            members += _adopt_tree(store, Path(payload), PAYLOAD_ROLE, PAYLOAD_PREFIX, sealed)
+            trees.append(_Tree(Path(payload), PAYLOAD_ROLE, PAYLOAD_PREFIX, blocks=False))
+        with ThreadPoolExecutor(2, "coldsnap-seal-side") as side:
+            checkpoints = side.submit(_checkpoints, request)
+            sealing = side.submit(_seal_trees, ctx, store, trees, self.verified)
+            build = self.engine.build()  # imports stay on the caller's thread
+            platform = collect_platform()
+            members = sealing.result()
+            files = checkpoints.result()
         record = CaptureRecord(
             driver=request.driver,
             provider=request.provider,
@@ -108,7 +116,8 @@ class StoreArtifacts:
         )
         data = to_json(record)
         members.append(Member(RECORD_ROLE, RECORD_NAME, store.put_bytes(data), len(data)))
-        capsule = Capsule(members=tuple(members), identity=self._identity(ctx, members))
+        identity = self._identity(ctx, members, files, build, platform)
+        capsule = Capsule(members=tuple(members), identity=identity)
         digest = record_digest(capsule)
         tag = request.name or None
         ctx.record(
@@ -136,23 +145,35 @@ class StoreArtifacts:
         if name and previous and previous != digest and previous in store.capsules():
             store.tag(name, previous)
 
-    def _identity(self, ctx: StepContext, members: list[Member]) -> Identity:
-        engine, version, contract = self.engine.build()
+    def _identity(
+        self,
+        ctx: StepContext,
+        members: list[Member],
+        files: _Checkpoints | None = None,
+        build: tuple[str, str, str] | None = None,
+        platform: Platform | None = None,
+    ) -> Identity:
+        """What the capsule binds. `build` (the engine's), `files` (the checkpoints' digests) and
+        `platform` are taken here when the caller has not taken them yet; the build always
+        before plugin_digest, which folds in the contract variants that build checked."""
+        engine, version, contract = build if build is not None else self.engine.build()
+        files = files if files is not None else _checkpoints(ctx.request)
+        platform = platform if platform is not None else collect_platform()
         request = ctx.request
         model = request.model
-        checkpoint = checkpoint_digests(model.path)
+        checkpoint, draft_files = files
         indexes = [m for m in members if m.role == PAYLOAD_ROLE and m.name.endswith("index.json")]
         layout = indexes[0].digest if indexes else _files_digest(checkpoint)
-        identity = capture_identity(
+        identity = Identity(
             engine=EngineBuild(engine, version, contract),
             plugin_digest=plugin_digest(),
             model=_binding(model, checkpoint, layout),
             topology=Topology(request.tp, 1, 0, request.tp),
+            platform=platform,
             snapshot=SnapshotDriver(request.driver, coldsnap.__version__),
         )
         draft = getattr(request, "draft", None)  # older doubles lack it
-        if draft is not None:
-            draft_files = checkpoint_digests(draft.path)
+        if draft is not None and draft_files is not None:
             identity = attrs.evolve(identity, draft=_binding(draft, draft_files, None))
         coverage = ctx.facts.get(s.SHAPE_COVERAGE.name)
         if coverage is not None:
@@ -308,33 +329,6 @@ class _Meter:
             self._ctx.advance(self._what, self._done, self._total, self._started)
 
 
-def _tree_bytes(root: Path) -> int:
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.is_dir() else 0
-
-
-def _with_blocks(
-    store: Store, members: list[Member], meter: Callable[[int], None] | None = None
-) -> list[Member]:
-    """The members with the sha256 of each BLOCK_BYTES block, hashed in parallel."""
-    tasks = [(m, b) for m in members for b in range(-(-m.size // BLOCK_BYTES))]
-
-    def one(task: tuple[Member, int]) -> str:
-        member, block = task
-        digest = _hash_block(store.path(member.digest), block)
-        if meter is not None:
-            meter(min(BLOCK_BYTES, member.size - block * BLOCK_BYTES))
-        return digest
-
-    with ThreadPoolExecutor(_threads(len(tasks)), "coldsnap-blocks") as pool:
-        digests = list(pool.map(one, tasks))
-    out, i = [], 0
-    for member in members:
-        n = -(-member.size // BLOCK_BYTES)
-        out.append(attrs.evolve(member, blocks=tuple(digests[i : i + n])))
-        i += n
-    return out
-
-
 def verify_layout(
     members: Iterable[Member],
     prefix: str,
@@ -446,23 +440,80 @@ def carried_facts(ctx: StepContext) -> dict[str, Any]:
     }
 
 
-def _adopt_tree(
-    store: Store, root: Path, role: str, prefix: str, meter: Callable[[int], None] | None = None
+@attrs.frozen
+class _Tree:
+    """A directory to seal: its files become members `<prefix>/<relative path>` of `role`;
+    with `blocks`, each carries the sha256 of every BLOCK_BYTES block (what admission checks)."""
+
+    root: Path
+    role: str
+    prefix: str
+    blocks: bool
+
+
+_Checkpoints = tuple[tuple[FileDigest, ...], tuple[FileDigest, ...] | None]
+"""The digests of the model's checkpoint files, and of its speculative draft's when it has one."""
+
+
+def _checkpoints(request: Any) -> _Checkpoints:
+    draft = getattr(request, "draft", None)  # older doubles lack it
+    model_files = checkpoint_digests(request.model.path)
+    return model_files, (checkpoint_digests(draft.path) if draft is not None else None)
+
+
+def _seal_trees(
+    ctx: StepContext, store: Store, trees: list[_Tree], verified: VerifiedObjects | None
 ) -> list[Member]:
-    """Moves every file under `root` into the store without copying its bytes; a file on
-    another filesystem than the store (which `Store.adopt` refuses) is copied in instead.
-    `meter` is told each file's bytes once it is in (hashed, or copied and hashed)."""
-    if not root.is_dir():
-        raise StoreError(f"{root} is not a directory: nothing to seal as {role}")
-    store_device = os.stat(store.root).st_dev
-    members = []
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        st = path.stat()
-        digest = store.adopt(path) if st.st_dev == store_device else store.put_file(path)
-        name = f"{prefix}/{path.relative_to(root).as_posix()}"
-        members.append(Member(role, name, digest, st.st_size))
-        if meter is not None:
-            meter(st.st_size)
+    """Takes every file under `trees` into the store (`Store.take`: moved when on the store's
+    filesystem, copied otherwise; each byte read once, for the object's name and its blocks),
+    many files at once, the largest first: a multi-GB image or pack costs one sha256 pass on one
+    core while the rest are sealed on the others. Members come back in tree order, then by
+    path. An image object whose inode this seal hashed is remembered in `verified`, so that an
+    admit on this node does not hash it again while it is unchanged (coldsnap.capsules.
+    _verified). If a file fails, the files not started are left where they were."""
+    jobs: list[tuple[_Tree, Path, int]] = []
+    for tree in trees:
+        if not tree.root.is_dir():
+            raise StoreError(f"{tree.root} is not a directory: nothing to seal as {tree.role}")
+        files = sorted(p for p in tree.root.rglob("*") if p.is_file())
+        jobs += [(tree, path, path.stat().st_size) for path in files]
+    sealed = _Meter(ctx, "sealed", sum(size for _, _, size in jobs))
+    blocks = _Meter(ctx, "hashed image blocks", sum(n for t, _, n in jobs if t.blocks))
+
+    def one(job: tuple[_Tree, Path, int]) -> Member:
+        tree, path, _ = job
+
+        def progress(n: int) -> None:
+            sealed(n)
+            if tree.blocks:
+                blocks(n)
+
+        taken = store.take(
+            path,
+            block_bytes=BLOCK_BYTES if tree.blocks else None,
+            helpers=helpers,
+            syncs=syncs,
+            progress=progress,
+        )
+        if tree.blocks and verified is not None and (st := taken.hashed) is not None:
+            seen = Seen(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            verified.remember(taken.digest, store.path(taken.digest), seen)
+        name = f"{tree.prefix}/{path.relative_to(tree.root).as_posix()}"
+        return Member(tree.role, name, taken.digest, taken.size, blocks=taken.blocks)
+
+    order = sorted(range(len(jobs)), key=lambda i: -jobs[i][2])
+    with (
+        ThreadPoolExecutor(VERIFY_THREADS, "coldsnap-seal-helper") as helpers,
+        ThreadPoolExecutor(_threads(len(jobs)), "coldsnap-seal-sync") as syncs,
+        ThreadPoolExecutor(_threads(len(jobs)), "coldsnap-seal") as pool,
+    ):
+        futures = {i: pool.submit(one, jobs[i]) for i in order}
+        try:
+            members = [futures[i].result() for i in range(len(jobs))]
+        except BaseException:
+            for future in futures.values():
+                future.cancel()
+            raise
     return members
 
 
