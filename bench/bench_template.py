@@ -3,9 +3,15 @@ server modules, against a cold `python -c "import torch, sglang.srt.entrypoints.
 side by side in one run. Prints the ratio of medians and the absolute seconds.
 
     .venv/bin/python bench/bench_template.py [--repeats 5]
+    .venv/bin/python bench/bench_template.py --launch [--repeats 3]
 
 A restore counts as done when the restored template, released into a no-op module, reports
 `released`: it is then running Python with every module imported, as the cold run is at exit.
+
+`--launch` times what a capture's `launch_template` waits for instead: SGLang's template
+imports (SGLangLauncher.template_preload) and its forkserver's (forkserver_preload), with the
+forkserver started after the template's imports (as before issue 17's change) against started
+beside them (`_forkserver.begin` ... `ready`, what the template does now), interleaved.
 """
 
 from __future__ import annotations
@@ -41,10 +47,48 @@ def _wait(control: Path, state: str, timeout: float = 120.0) -> None:
     raise TimeoutError(f"template did not reach {state}")
 
 
+_LAUNCH = """
+import importlib, sys, time
+from coldsnap.drivers.n580 import _forkserver
+preload, forkserver, beside = sys.argv[1].split(","), sys.argv[2].split(","), sys.argv[3] == "1"
+if beside:
+    _forkserver.begin(forkserver)
+for module in preload:
+    importlib.import_module(module)
+_forkserver.ready() if beside else _forkserver.start(forkserver)
+"""
+
+
+def launch_ab(repeats: int) -> None:
+    from coldsnap.engines.sglang import SGLangLauncher
+
+    env = cpu_env()
+    preload = ",".join(SGLangLauncher.template_preload)
+    forkserver = ",".join(SGLangLauncher.forkserver_preload or ())
+    times: dict[str, list[float]] = {"after": [], "beside": []}
+    for i in range(repeats):
+        for how in ("after", "beside") if i % 2 == 0 else ("beside", "after"):
+            started = time.perf_counter()
+            subprocess.run(
+                [sys.executable, "-c", _LAUNCH, preload, forkserver, str(int(how == "beside"))],
+                env=env,
+                check=True,
+            )
+            times[how].append(time.perf_counter() - started)
+            print(f"  {how:6} {times[how][-1]:.2f} s (load {os.getloadavg()[0]:.2f})")
+    after, beside = statistics.median(times["after"]), statistics.median(times["beside"])
+    print(f"forkserver started after the imports:  median {after:.2f} s")
+    print(f"forkserver started beside the imports: median {beside:.2f} s ({after / beside:.2f}x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--launch", action="store_true", help="time the template's imports")
     args = parser.parse_args()
+    if args.launch:
+        launch_ab(args.repeats)
+        return
     become_subreaper()
     env = cpu_env()
     root = Path(tempfile.mkdtemp(prefix="bench-template-", dir="/var/tmp"))

@@ -53,10 +53,11 @@ def _prepare(data: dict[str, Any]) -> None:
 _spawn.prepare = _prepare
 
 
-def start(preload: list[str]) -> str:
-    """Called in the template: starts the forkserver and routes SGLang's `spawn` to it.
-
-    Returns the forkserver's socket address, whose directory a restore must re-create."""
+def begin(preload: list[str]) -> None:
+    """Called in the template: starts the forkserver, which imports `preload` in its own process
+    while the template imports its own modules (on a CPU host the two imports then share the
+    cores instead of running one after the other: about half of a capture's template launch).
+    `ready` waits for it and routes SGLang's `spawn` to it."""
     import multiprocessing
     import multiprocessing.forkserver as forkserver
 
@@ -70,6 +71,15 @@ def start(preload: list[str]) -> str:
     _spawn.get_preparation_data = with_env
     multiprocessing.set_forkserver_preload([__name__, *preload])
     forkserver.ensure_running()
+
+
+def ready() -> str:
+    """Waits until the forkserver `begin` started has imported its modules, then routes SGLang's
+    `spawn` to it. Returns the forkserver's socket address, whose directory a restore must
+    re-create."""
+    import multiprocessing
+    import multiprocessing.forkserver as forkserver
+
     # The forkserver imports its preload list before it serves anyone: one trivial child
     # proves it has finished, so the snapshot holds a warm forkserver, not a half-imported one.
     child = multiprocessing.get_context("forkserver").Process(target=os.getpid)
@@ -82,3 +92,9 @@ def start(preload: list[str]) -> str:
 
     multiprocessing.set_start_method = spawn_is_forkserver  # type: ignore[assignment]
     return str(forkserver._forkserver._forkserver_address)  # type: ignore[attr-defined]
+
+
+def start(preload: list[str]) -> str:
+    """`begin` then `ready`: a warm forkserver that SGLang's `spawn` goes to."""
+    begin(preload)
+    return ready()

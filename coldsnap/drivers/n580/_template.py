@@ -21,6 +21,7 @@ from pathlib import Path
 
 from coldsnap._atomic import write_json_atomic
 
+from . import _forkserver
 from ._forkserver import reseed
 
 RELEASE = "release.json"
@@ -41,14 +42,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--forkserver-preload", default=None)
     args = parser.parse_args(argv)
     started = time.monotonic()
+    extra: dict[str, object] = {}
+    if args.forkserver_preload is not None:  # it imports beside this process, not after it
+        _forkserver.begin(list(filter(None, args.forkserver_preload.split(","))))
     for module in filter(None, args.preload.split(",")):
         importlib.import_module(module)
-    extra: dict[str, object] = {}
     if args.forkserver_preload is not None:
-        from . import _forkserver
-
-        modules = list(filter(None, args.forkserver_preload.split(",")))
-        extra["forkserver_address"] = _forkserver.start(modules)
+        extra["forkserver_address"] = _forkserver.ready()
     args.control.mkdir(parents=True, exist_ok=True)
     _status(args.control, "waiting", import_seconds=round(time.monotonic() - started, 3), **extra)
     release = args.control / RELEASE

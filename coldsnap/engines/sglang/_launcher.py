@@ -9,6 +9,7 @@ on another host recreates the same path and writes the resume plan there.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import sys
 import uuid
@@ -78,9 +79,28 @@ def cpu_binding(tp: int, cpus: Sequence[int]) -> str:
     return "|".join(groups)
 
 
+_EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_PORTS = range(20000, 32768)  # below Linux's default ephemeral range (32768-60999)
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A TCP port on 127.0.0.1 that nothing listens on now, outside the kernel's ephemeral
+    range where it can: a port the kernel hands out for outgoing connections and other
+    listeners (the engine's own process groups bind port 0 as it starts) can be taken before
+    the engine binds it."""
+    try:
+        low, high = (int(x) for x in _EPHEMERAL.read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    candidates = [p for p in _PORTS if not low <= p <= high]
+    for port in random.sample(candidates, min(64, len(candidates))):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # every candidate taken
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
@@ -147,6 +167,11 @@ class SGLangLauncher:
         "sglang.srt.models.registry",
     )
 
+    # What a restored engine (n580 builds it again) adds: SGLang's server warmup sleeps a whole
+    # second before its own request and /ready waits for it, while the restore's acceptance
+    # request proves generation anyway (bench/bench_n580.py). Only SGLang's own server knows it.
+    restore_args: tuple[str, ...] = ("--skip-server-warmup",)
+
     def __init__(
         self,
         base_args: tuple[str, ...] = (),
@@ -197,6 +222,8 @@ class SGLangLauncher:
             argv += ["--speculative-draft-model-path", draft.path]
         if restoring and provider == "native":
             argv += ["--load-format", "dummy"]
+        if restoring and self.module == SGLangLauncher.module:
+            argv += [a for a in self.restore_args if a not in argv]
         payload = workdir / "payload" if restoring else None
         env = {
             **self.base_env,
