@@ -3,6 +3,9 @@
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# Two xdist workers: the tests that need the host (servers, CRIU, GPU) run one at a time on
+# one of them, the in-memory tests on the other (tests/conftest.py).
+TEST_WORKERS ?= 2
 
 setup:
 	scripts/setup.sh all
@@ -13,7 +16,7 @@ demo: setup
 test: setup
 	$(PY) -m ruff check coldsnap tests bench
 	$(PY) -m coldsnap.cli docs --check
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup
 
 lint:
 	$(PY) -m ruff check coldsnap tests bench

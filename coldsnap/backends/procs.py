@@ -171,6 +171,25 @@ def stop_tree(pid: int, timeout: float = 10.0, sig: int = signal.SIGTERM) -> int
     return codes.get(pid)
 
 
+def kill_tree(pid: int, timeout: float = 20.0) -> int | None:
+    """SIGKILL to every process of a tree at once, for a tree whose state no longer matters (a
+    captured source): no drain, no grace. Waits up to `timeout` for the PIDs to be free (a
+    killed CUDA process may take a while to release the device), reaping what is ours. Returns
+    the root's exit code when we reaped it."""
+    deadline = time.monotonic() + timeout
+    members = tree_pids(pid)
+    if not members:
+        return reap(pid)
+    for member in members:  # SIGKILL ends stopped tasks too
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, signal.SIGKILL)
+    codes: dict[int, int | None] = {}
+    for member in members:
+        with contextlib.suppress(TimeoutError):  # not ours, and its parent does not reap
+            codes[member] = wait_gone(member, max(0.0, deadline - time.monotonic()))
+    return codes.get(pid)
+
+
 def _signal_dropped(pid: int, sig: int) -> bool:
     """The kernel drops a signal sent from outside to a PID namespace's init unless the init
     catches it (SIGKILL excepted), so SIGTERM to a `sleep` running as init does nothing."""

@@ -24,7 +24,7 @@ import httpx
 from attrs import frozen
 
 from coldsnap._errors import OperationError
-from coldsnap.backends import Launched, launch
+from coldsnap.backends import Launched, launch, procs
 from coldsnap.machine import (
     REGISTRY,
     CaptureRequest,
@@ -90,9 +90,15 @@ class PlainServer:
     log_path: Path
 
     def stop(self) -> int | None:
-        """SIGTERM to the server's launcher, then whatever of its tree is left (see
-        coldsnap.backends.launch)."""
-        return self.launched.stop(timeout=60.0)
+        """Kills the server's whole tree at once and reaps its launcher. A plain server is a
+        throwaway reference (a cold start, a benchmark's baseline): a graceful drain has
+        nothing to save, and SGLang's would only start after its SIGTERM watchdog's next 5 s
+        poll."""
+        code = None
+        if self.launched.poll() is None:  # not reaped: its PIDs are still its own
+            code = procs.kill_tree(self.launched.pid)
+        launcher_code = self.launched.stop(timeout=60.0)  # reaps `unshare` where there is one
+        return launcher_code if code is None else code
 
 
 def plain_command(model: Path) -> tuple[list[str], dict[str, str], str]:

@@ -14,7 +14,7 @@ import pytest
 
 from coldsnap.engines import EngineClient
 from coldsnap.engines.sglang import SGLANG_POLICY
-from coldsnap.machine import CaptureRequest, ModelRef, Receipt, RestoreRequest
+from coldsnap.machine import CaptureRequest, Machine, ModelRef, Receipt, RestoreRequest
 
 # Greedy answers to these must be equal, token for token, on a cold server and every restore.
 PROMPTS = (
@@ -129,6 +129,17 @@ def sampled(url: str) -> tuple[int, ...]:
         return client.generate(
             SAMPLED_PROMPT, max_new_tokens=24, greedy=False, sampling={"temperature": 1.0}
         ).token_ids
+
+
+def stop_at_once(machine: Machine, receipt: Receipt) -> None:
+    """Kills a restored engine's tree at once, then stops it through the product
+    (`machine.stop`: what the tree left is found and removed as after any stop). For restores
+    whose stop is not what the test checks: SGLang's graceful drain only starts at its SIGTERM
+    watchdog's next 5 s poll. Each module still stops one restore per capsule gracefully."""
+    from coldsnap.backends.procs import kill_tree
+
+    kill_tree(int(receipt.facts["engine_pid"]))
+    machine.stop(receipt)
 
 
 def why(receipt: Receipt) -> str:

@@ -83,9 +83,11 @@ def test_the_demo_prints_cold_start_restore_and_their_ratio(e2e_ready: None) -> 
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """Outside the ephemeral range, like the engine adapter's (a server's own process groups
+    bind port 0 while it starts)."""
+    from coldsnap.engines.sglang import free_port
+
+    return free_port()
 
 
 def _port_free(port: int) -> bool:

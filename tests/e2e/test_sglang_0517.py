@@ -31,6 +31,7 @@ import json, shutil, sys
 from pathlib import Path
 
 from coldsnap import REGISTRY, CaptureRequest, Machine, ModelRef, RestoreRequest
+from coldsnap.backends.procs import kill_tree
 from coldsnap.engines import EngineClient
 from coldsnap.engines.sglang import SGLANG_POLICY, installed_sglang
 from coldsnap.plugin import plugin_digest
@@ -50,6 +51,7 @@ out = {}
 with start_server(model_path, log_path=base / "cold.log", release=release,
                   env={"COLDSNAP_MODE": "off"}) as cold:
     out["cold"] = answers(cold.url)
+    kill_tree(cold.process.pid)  # a throwaway reference: no drain
 engine = register_release_engine(REGISTRY, release)
 model = ModelRef(id="tiny-llama", revision="r1", path=model_path)
 capture = CaptureRequest(driver="n610", provider="native", model=model, engine=engine,
@@ -67,13 +69,15 @@ if receipt.ok:
                                  store=str(base / "store"))
         machine = Machine.for_request(restore)
         restored = machine.restore(restore)
-        item = {"ok": restored.ok, "error": str(restored.error)}
+        item = {"ok": restored.ok, "error": str(restored.error), "steps": restored.timings()}
         if restored.ok:
             try:
                 item["answers"] = answers(restored.facts["engine_url"])
                 item["acceptance"] = restored.facts.get("acceptance_tokens")
                 item["engine_log"] = restored.facts.get("engine_log")
-            finally:
+            finally:  # the second restore is killed at once: only the first's stop drains
+                if attempt == 1:
+                    kill_tree(int(restored.facts["engine_pid"]))
                 machine.stop(restored)
         out["restores"].append(item)
 print("COLDSNAP-E2E " + json.dumps(out))
@@ -127,3 +131,6 @@ def test_the_0517_capsule_restores_twice_with_the_cold_tokens(outcome: dict[str,
         assert restored["ok"], (attempt, restored["error"])
         assert restored["answers"] == outcome["cold"], attempt
         assert restored["acceptance"] == outcome["capture"]["acceptance"], attempt
+        # No /ready in 0.5.17: /ping once the gate opened, not /health's one-second sleep.
+        print(f"restore {attempt} steps: {restored['steps']}")
+        assert restored["steps"]["wait_healthy"] < 0.5, restored["steps"]

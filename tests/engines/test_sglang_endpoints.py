@@ -17,6 +17,7 @@ pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def engine(sglang_cpu: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    from coldsnap.backends.procs import kill_tree
     from coldsnap.testing.sglang_cpu import start_server
     from coldsnap.tiny_models import build_model
 
@@ -29,6 +30,8 @@ def engine(sglang_cpu: None, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         EngineClient(server.url, SGLANG_POLICY) as client,
     ):
         yield {"client": client, "first": first, "second": second}
+        if server.process.poll() is None:  # at once: its graceful drain is not checked here
+            kill_tree(server.process.pid)
 
 
 def test_health_ready_and_info(engine: dict[str, Any]) -> None:

@@ -79,5 +79,16 @@ def scheduler_process(launcher_pid: int) -> Any:
     raise AssertionError(f"no scheduler process under {launcher_pid}")
 
 
+def stop_now(server: Any) -> None:
+    """Kills a test's SGLang server (`coldsnap.testing.sglang_cpu.SGLangServer`) tree at once,
+    then `stop()` reaps its launcher. Its graceful drain is not what these tests check, and
+    SGLang's only starts at its SIGTERM watchdog's next 5 s poll."""
+    from coldsnap.backends.procs import kill_tree
+
+    if server.process.poll() is None:  # not reaped: its PID is still its own
+        kill_tree(server.process.pid)
+    server.stop()
+
+
 def generate_all(client: Any, max_new_tokens: int = 12) -> dict[str, tuple[int, ...]]:
     return {p: client.generate(p, max_new_tokens=max_new_tokens).token_ids for p in PROMPTS}

@@ -16,7 +16,7 @@ from coldsnap._wire import ResumePlan, write_plan
 from coldsnap.engines import EngineClient
 from coldsnap.engines.sglang import SGLANG_POLICY
 
-from .conftest import generate_all, plugin_env, read_status, scheduler_process
+from .conftest import generate_all, plugin_env, read_status, scheduler_process, stop_now
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
@@ -43,6 +43,7 @@ def small(
             "cold": generate_all(client),
             "checksum": client.weights_checksum()["per_engine_checksum"],
         }
+        stop_now(server)
 
 
 def test_release_frees_the_weights_and_native_resume_refills_them(small: dict[str, Any]) -> None:

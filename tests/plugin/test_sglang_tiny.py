@@ -19,7 +19,7 @@ from coldsnap._wire import ResumePlan, write_plan
 from coldsnap.engines import EngineClient, EngineError
 from coldsnap.engines.sglang import SGLANG_POLICY
 
-from .conftest import generate_all, plugin_env, read_status, scheduler_process
+from .conftest import generate_all, plugin_env, read_status, scheduler_process, stop_now
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 RELEASES = ("0.5.23", "0.5.17")
@@ -83,7 +83,7 @@ def served(
         yield served
     finally:
         client.close()
-        server.stop()
+        stop_now(server)
 
 
 # 0.5.17's /weights_checker needs CUDA; there the weights are compared through
@@ -270,7 +270,7 @@ def test_restore_mode_startup_hydrates_a_dummy_loaded_engine(
 
     root = release_exported(served)
     served.client.close()
-    served.server.stop()
+    stop_now(served.server)
     env = plugin_env(
         tmp_path / "run",
         COLDSNAP_MODE="restore",
@@ -291,3 +291,4 @@ def test_restore_mode_startup_hydrates_a_dummy_loaded_engine(
         assert sched["startup_hydration"]["target"]["nbytes"] > 0
         assert generate_all(client) == served.cold
         client.accept(served.acceptance)
+        stop_now(server)

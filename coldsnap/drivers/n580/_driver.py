@@ -15,6 +15,7 @@ import attrs
 
 from coldsnap._atomic import write_json_atomic
 from coldsnap.backends import Criu, refuse_gpu_mappings
+from coldsnap.backends.procs import kill_tree
 from coldsnap.machine import LaunchCommand, Launcher, StepContext
 
 from .._processes import (
@@ -107,11 +108,12 @@ class N580Driver:
     def stop_template(self, ctx: StepContext) -> None:
         self._stop(ctx, ctx.facts.get("template_pid"))
 
-    def _stop(self, ctx: StepContext, pid: int | None) -> None:
-        """Stops the template or the engine it became, then removes its control dir, the
-        runtime dirs (the template's own and the engine's) and CRIU's restore work dir. A
-        template whose PID was never journaled (the orchestrator died between the spawn or the
-        restore and its record) is found by its control dir or by CRIU's pidfile."""
+    def _stop(self, ctx: StepContext, pid: int | None, *, kill: bool = False) -> None:
+        """Stops the template or the engine it became (`kill`: the tree is killed at once, no
+        drain), then removes its control dir, the runtime dirs (the template's own and the
+        engine's) and CRIU's restore work dir. A template whose PID was never journaled (the
+        orchestrator died between the spawn or the restore and its record) is found by its
+        control dir or by CRIU's pidfile."""
         control = ctx.facts.get("control_dir")
         if pid is None and ctx.request.operation == "restore":
             capsule_id = (ctx.facts.get("capsule") or {}).get("template_id")
@@ -121,6 +123,8 @@ class N580Driver:
         else:
             strays = [] if pid else find_roots(has_arg(control))
         dirs = set().union(*(runtime_dirs_of(p) for p in [pid, *strays]))
+        if kill and pid is not None:
+            kill_tree(pid)
         self.processes.stop(pid)
         self.processes.stop_strays(strays)
         discard_host_dirs(control, ctx.facts.get("runtime_dir"), *sorted(dirs))
@@ -191,7 +195,10 @@ class N580Driver:
         self._stop(ctx, ctx.facts.get("engine_pid") or ctx.facts.get("template_pid"))
 
     def retire_source(self, ctx: StepContext) -> None:
-        self._stop(ctx, ctx.facts["engine_pid"])
+        # The source is dumped (its state is in the sealed image) and quiesced: a graceful
+        # drain has nothing left to save, and SGLang's would only start after its SIGTERM
+        # watchdog's next 5 s poll. So the whole tree is killed at once.
+        self._stop(ctx, ctx.facts["engine_pid"], kill=True)
 
 
 def _wait_status(

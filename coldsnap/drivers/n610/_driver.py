@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from coldsnap.backends import Criu
 from coldsnap.backends.inet import check_port_free, dial_host, rebind
-from coldsnap.backends.procs import tree_pids
+from coldsnap.backends.procs import kill_tree, tree_pids
 from coldsnap.machine import Launcher, StepContext
 
 from .._processes import (
@@ -117,10 +117,13 @@ class N610Driver:
         discard_restore_work(ctx.workdir)
 
     def retire_source(self, ctx: StepContext) -> None:
-        # A source whose CUDA state is checkpointed blocks in its first CUDA call, so a clean
-        # shutdown cannot finish: do not wait for one.
-        timeout = 2.0 if ctx.facts.get("cuda_pids") else 20.0
-        self.processes.stop(ctx.facts["engine_pid"], timeout=timeout)
+        # The source is dumped (its state is in the sealed image) and quiesced: a graceful
+        # drain has nothing left to save, and SGLang's would only start after its SIGTERM
+        # watchdog's next 5 s poll. A source whose CUDA state is checkpointed could not even
+        # finish one (it blocks in its first CUDA call). So the whole tree is killed at once.
+        pid = ctx.facts["engine_pid"]
+        kill_tree(pid)
+        self.processes.stop(pid)  # reaps the launcher and forgets the tree
         discard_host_dirs(ctx.facts.get("runtime_dir"))  # a restore makes it again
 
     # -- CUDA ---------------------------------------------------------------------------------
