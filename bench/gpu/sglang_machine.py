@@ -127,6 +127,7 @@ class Run:
             driver=driver, provider=provider, engine="sglang", artifact=variant,
             model=self.model_ref(), workdir=str(self.root / variant / f"restore{i}"),
             store=str(self.root / "store"), engine_args=ENGINE_ARGS,
+            prefill=self.args.prefill and variant == "n610-native",
         )  # fmt: skip
 
     # -- HTTP ----------------------------------------------------------------------------------
@@ -704,6 +705,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--naive", action="store_true", help="snapshot the cold server whole, too")
     p.add_argument("--warm-cold", action="store_true", help="a second cold start at the end")
     p.add_argument("--fresh-restore", action="store_true", help="one more, by a new process")
+    p.add_argument("--prefill", action="store_true", help="n610-native restores ask to prefill")
     p.add_argument("--child-restore", metavar="VARIANT", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     bad = [v for v in args.variants if v not in VARIANTS]

@@ -72,10 +72,12 @@ CUDA = Guard(
 )
 PREFILL_GUARD = Guard(
     "prefill",
-    "the provider brings weights back from a payload and the driver restores CUDA state: "
-    "helpers put the payload on the GPU while the process is restored",
+    "the request asks for it (`prefill`), the provider brings weights back from a payload and "
+    "the driver restores CUDA state: helpers put the payload on the GPU while the process is "
+    "restored",
     lambda request, components: (
-        capability("provider", "payload")(request, components)
+        bool(getattr(request, "prefill", False))
+        and capability("provider", "payload")(request, components)
         and capability("driver", "cuda")(request, components)
     ),
 )
