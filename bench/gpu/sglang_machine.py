@@ -30,11 +30,9 @@ ran the server). Per-process device memory (nvidia-smi) is recorded after each r
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -45,6 +43,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from coldsnap.backends import reap_children  # noqa: E402 (the repository goes on the path first)
+from coldsnap.backends.procs import kill_tree  # noqa: E402
 
 BASE_ARGS = (
     "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
@@ -207,7 +208,7 @@ class Run:
                 self.results["naive"] = self.naive(launched.pid, command.url, rec["answers"])
         finally:
             if not stopped:
-                _kill_tree(launched.pid)
+                kill_tree(launched.pid)
         return rec
 
     def naive(self, pid: int, url: str, cold: dict[str, list[int]]) -> dict[str, Any]:
@@ -233,7 +234,7 @@ class Run:
             manifest = criu.dump(pid, images)
             rec["criu_dump_s"] = round(time.perf_counter() - t, 3)
             rec["image_bytes"] = manifest.image_bytes
-            reap_children()
+            reap_children()  # the dumped tree's zombies would hold the PIDs CRIU restores
             self.log("naive: dumped", rec)
             t0 = time.perf_counter()
             tree = criu.restore(images, detached=True)
@@ -246,11 +247,11 @@ class Run:
             got = {"P1": first, **{k: v for k, v in self.answers(url).items() if k != "P1"}}
             rec["equal"] = {k: got[k] == cold.get(k) for k in PROMPTS}
             self.log("naive: restored", rec)
-            _kill_tree(tree.pid)
+            kill_tree(tree.pid)
         except Exception:
             rec["error"] = traceback.format_exc()
             self.log("naive failed", rec["error"])
-            _kill_tree(pid)
+            kill_tree(pid)
         finally:
             shutil.rmtree(images, ignore_errors=True)
         return rec
@@ -341,7 +342,7 @@ class Run:
                 rec["equal"] = {k: got[k] == cold.get(k) for k in PROMPTS}
         finally:
             if pid:
-                _kill_tree(int(pid))
+                kill_tree(int(pid))
         return rec
 
     def child_restore(self, variant: str) -> int:
@@ -640,29 +641,6 @@ def gpu_apps() -> list[dict[str, Any]]:
             name = "?"
         apps.append({"pid": int(pid), "name": name, "mib": int(mib) if mib.isdigit() else mib})
     return apps
-
-
-def _kill_tree(root: int) -> None:
-    """SIGKILL to the whole tree, then reap (we are the subreaper of what we launched and
-    restored)."""
-    from coldsnap.backends.procs import tree_pids
-
-    members = tree_pids(root) or [root]
-    for pid in members:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        reap_children()
-        if not any(Path(f"/proc/{p}").exists() for p in members):
-            return
-        time.sleep(0.05)
-
-
-def reap_children() -> None:
-    from coldsnap.backends import reap_children as reap
-
-    reap()
 
 
 def _receipt(receipt: Any, seconds: float) -> dict[str, Any]:

@@ -108,12 +108,13 @@ class NativeProvider:
                 argv = _prefill.command(roles, out, rank, PREFILL_TIMEOUT_S)
                 with open(out / "prefill.log", "wb") as log:
                     procs[rank] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-                ctx.record(prefill={"dir": str(root), "pids": [p.pid for p in procs.values()]})
+                made = {"dir": str(root), "pids": [p.pid for p in procs.values()]}
+                ctx.record(**{s.PREFILL.name: made})
         except BaseException:
             _end(list(procs.values()), 0.0)
             raise
         self._helpers = list(procs.values())
-        return {s.PREFILL.name: {"dir": str(root), "pids": [p.pid for p in procs.values()]}}
+        return {s.PREFILL.name: made}
 
     def stop_prefill(self, ctx: StepContext) -> None:
         """Compensation: ends the helpers (their device memory is freed as they exit)."""

@@ -168,12 +168,36 @@ def cudart() -> Any:
         lib.cudaHostRegister.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
         lib.cudaHostUnregister.argtypes = [ctypes.c_void_p]
         lib.cudaGetErrorName.restype = ctypes.c_char_p
+        lib.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+        lib.cudaFree.argtypes = [ctypes.c_void_p]
+        lib.cudaMemcpyAsync.argtypes = [
+            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
+        ]  # fmt: skip
+        lib.cudaStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        lib.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
+        lib.cudaIpcGetMemHandle.argtypes = [ctypes.POINTER(IpcHandle), ctypes.c_void_p]
+        lib.cudaIpcOpenMemHandle.argtypes = [
+            ctypes.POINTER(ctypes.c_void_p), IpcHandle, ctypes.c_uint,
+        ]  # fmt: skip
+        lib.cudaIpcCloseMemHandle.argtypes = [ctypes.c_void_p]
+        lib.cudaSetDevice.argtypes = [ctypes.c_int]
         _cudart_lib = lib
     return _cudart_lib
 
 
-def _error(code: int) -> str:
-    return cudart().cudaGetErrorName(code).decode()
+class IpcHandle(ctypes.Structure):
+    """cudaIpcMemHandle_t: 64 opaque bytes, passed by value."""
+
+    _fields_ = [("reserved", ctypes.c_char * 64)]
+
+
+def check(code: int, what: str, error: type[Exception]) -> None:
+    """Raises `error` naming `what` and the runtime's name for `code` unless it is success,
+    after clearing the error so that torch's next check does not trip on it."""
+    if code != 0:
+        lib = cudart()
+        lib.cudaGetLastError()
+        raise error(f"{what}: {lib.cudaGetErrorName(code).decode()}")
 
 
 class RegisteredFile:
@@ -201,9 +225,7 @@ class RegisteredFile:
         start, length = self.windows[i]
         lib = cudart()
         code = lib.cudaHostRegister(self.address + start, length, _HOST_REGISTER_READ_ONLY)
-        if code != 0:
-            lib.cudaGetLastError()  # clear it, so torch's next check does not trip on it
-            raise RegistrationRefused(f"cudaHostRegister of window {i}: {_error(code)}")
+        check(code, f"cudaHostRegister of window {i}", RegistrationRefused)
         self._registered[i] = True
 
     def unregister(self) -> float:

@@ -56,10 +56,6 @@ _IPC_LAZY_ENABLE_PEER_ACCESS = 1
 _PR_SET_PDEATHSIG = 1
 
 
-class IpcHandle(ctypes.Structure):
-    _fields_ = [("reserved", ctypes.c_char * 64)]
-
-
 @frozen
 class PrefilledPack:
     digest: str = attrs.field(validator=instance_of(str))
@@ -134,26 +130,26 @@ def fill_from_prefill(
     devices = {job.group.device for job in jobs}
     if any(d.type != "cuda" or d.index != record.device for d in devices):
         raise HydrationFailed(f"the prefill is on cuda:{record.device}; storages on {devices}")
-    lib = _typed(_cuda.cudart())
+    lib = _cuda.cudart()
     opened: dict[str, int] = {}
     stream = torch.cuda.Stream(device=torch.device("cuda", record.device))
     stream.wait_stream(torch.cuda.current_stream(stream.device))
     start = time.perf_counter()
     try:
         for digest in {job.extent.pack for job in jobs}:
-            handle = IpcHandle.from_buffer_copy(bytes.fromhex(by_digest[digest].handle))
+            handle = _cuda.IpcHandle.from_buffer_copy(bytes.fromhex(by_digest[digest].handle))
             pointer = ctypes.c_void_p()
-            _check(lib, lib.cudaIpcOpenMemHandle(
+            _cuda.check(lib.cudaIpcOpenMemHandle(
                 ctypes.byref(pointer), handle, _IPC_LAZY_ENABLE_PEER_ACCESS
-            ), f"cudaIpcOpenMemHandle of pack {digest}")  # fmt: skip
+            ), f"cudaIpcOpenMemHandle of pack {digest}", HydrationFailed)  # fmt: skip
             opened[digest] = int(pointer.value or 0)
         for job in jobs:
             source_address = opened[job.extent.pack] + job.extent.offset
-            _check(lib, lib.cudaMemcpyAsync(
+            _cuda.check(lib.cudaMemcpyAsync(
                 ctypes.c_void_p(job.group.data_ptr()), ctypes.c_void_p(source_address),
                 ctypes.c_size_t(job.extent.nbytes), _MEMCPY_DEVICE_TO_DEVICE,
                 ctypes.c_void_p(stream.cuda_stream),
-            ), f"device-to-device copy of {job.extent.name}")  # fmt: skip
+            ), f"device-to-device copy of {job.extent.name}", HydrationFailed)  # fmt: skip
         stream.synchronize()
     finally:
         for pointer in opened.values():
@@ -166,13 +162,6 @@ def fill_from_prefill(
         "copy_seconds": seconds,
         "prefill_seconds": record.seconds,
     }
-
-
-def _check(lib: Any, code: int, what: str) -> None:
-    if code != 0:
-        lib.cudaGetLastError()  # clear it, so torch's next check does not trip on it
-        name = lib.cudaGetErrorName(code).decode()
-        raise HydrationFailed(f"{what}: {name}")
 
 
 # -- the helper process ---------------------------------------------------------------------------
@@ -204,7 +193,7 @@ def _fill_role(
     fds: list[int] = []
     identities = {}
     stream = ctypes.c_void_p()
-    _check(lib, lib.cudaStreamCreate(ctypes.byref(stream)), "cudaStreamCreate")
+    _cuda.check(lib.cudaStreamCreate(ctypes.byref(stream)), "cudaStreamCreate", HydrationFailed)
     try:
         for pack in source.index.packs:
             path = source.pack_path(pack.digest)
@@ -213,8 +202,8 @@ def _fill_role(
             fds.append(fd)
             files[pack.digest] = _cuda.RegisteredFile(fd, pack.size)
             pointer = ctypes.c_void_p()
-            _check(lib, lib.cudaMalloc(ctypes.byref(pointer), ctypes.c_size_t(pack.size)),
-                   f"cudaMalloc of {pack.size} bytes")  # fmt: skip
+            _cuda.check(lib.cudaMalloc(ctypes.byref(pointer), ctypes.c_size_t(pack.size)),
+                   f"cudaMalloc of {pack.size} bytes", HydrationFailed)  # fmt: skip
             buffers[pack.digest] = int(pointer.value or 0)
         registrations = [
             (digest, i, pool.submit(f.register, i))
@@ -224,12 +213,12 @@ def _fill_role(
         for digest, i, future in registrations:
             future.result()
             offset, length = files[digest].windows[i]
-            _check(lib, lib.cudaMemcpyAsync(
+            _cuda.check(lib.cudaMemcpyAsync(
                 ctypes.c_void_p(buffers[digest] + offset),
                 ctypes.c_void_p(files[digest].address + offset),
                 ctypes.c_size_t(length), _MEMCPY_HOST_TO_DEVICE, stream,
-            ), f"host-to-device copy of pack {digest}")  # fmt: skip
-        _check(lib, lib.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+            ), f"host-to-device copy of pack {digest}", HydrationFailed)  # fmt: skip
+        _cuda.check(lib.cudaStreamSynchronize(stream), "cudaStreamSynchronize", HydrationFailed)
     finally:
         for f in files.values():
             f.close()  # unregisters and unmaps
@@ -242,30 +231,15 @@ def _fill_role(
         )
     handles = {}
     for digest, pointer in buffers.items():
-        handle = IpcHandle()
-        _check(lib, lib.cudaIpcGetMemHandle(ctypes.byref(handle), ctypes.c_void_p(pointer)),
-               f"cudaIpcGetMemHandle of pack {digest}")  # fmt: skip
+        handle = _cuda.IpcHandle()
+        _cuda.check(lib.cudaIpcGetMemHandle(ctypes.byref(handle), ctypes.c_void_p(pointer)),
+               f"cudaIpcGetMemHandle of pack {digest}", HydrationFailed)  # fmt: skip
         handles[digest] = bytes(handle).hex()
     packs = tuple(
         PrefilledPack(digest=p.digest, size=p.size, handle=handles[p.digest])
         for p in source.index.packs
     )
     return packs, buffers
-
-
-def _typed(lib: Any) -> Any:
-    lib.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
-    lib.cudaFree.argtypes = [ctypes.c_void_p]
-    lib.cudaMemcpyAsync.argtypes = [
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
-    ]  # fmt: skip
-    lib.cudaStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-    lib.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
-    lib.cudaIpcGetMemHandle.argtypes = [ctypes.POINTER(IpcHandle), ctypes.c_void_p]
-    lib.cudaIpcOpenMemHandle.argtypes = [ctypes.POINTER(ctypes.c_void_p), IpcHandle, ctypes.c_uint]
-    lib.cudaIpcCloseMemHandle.argtypes = [ctypes.c_void_p]
-    lib.cudaSetDevice.argtypes = [ctypes.c_int]
-    return lib
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -291,8 +265,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from . import _cuda
 
         torch.cuda.set_device(args.device)  # before anything makes a context on device 0
-        lib = _typed(_cuda.cudart())
-        _check(lib, lib.cudaSetDevice(args.device), f"cudaSetDevice({args.device})")
+        lib = _cuda.cudart()
+        _cuda.check(
+            lib.cudaSetDevice(args.device), f"cudaSetDevice({args.device})", HydrationFailed
+        )
         with ThreadPoolExecutor(
             4, initializer=lambda: lib.cudaSetDevice(args.device)
         ) as pool:  # registration threads take the rank's device first
