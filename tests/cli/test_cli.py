@@ -146,7 +146,7 @@ def _memory(monkeypatch, plan) -> None:
     from coldsnap.machine import Machine
     from coldsnap.testing import MemoryWorld
 
-    from ._support import memory_machine
+    from tests.machine._support import memory_machine
 
     world = MemoryWorld()
 
