@@ -82,8 +82,7 @@ class ResumePlan:
     """What the plugin does when weights are resumed after a restore.
 
     native: hydrate the registered storages from `payload_dir` (the layout export wrote:
-        `<payload_dir>/tp<rank>/<role>`), device to device from `prefill_dir` where a prefill
-        helper published the payload on the GPU. recovery: resume the weights region, load
+        `<payload_dir>/tp<rank>/<role>`). recovery: resume the weights region, load
         `checkpoint` (and a draft model from its own `draft_checkpoint`) through SGLang's
         update-from-disk path, then resume kv_cache and cuda_graph in a second phase.
     """
@@ -94,9 +93,6 @@ class ResumePlan:
     draft_checkpoint: str | None = attrs.field(default=None, validator=_str)
     load_format: str | None = attrs.field(default=None, validator=_str)
     preverified: bool = attrs.field(default=False, validator=instance_of(bool))
-    # native on CUDA: where each rank's prefill helper publishes `tp<rank>/<role>/ready.json`
-    # (coldsnap.providers.native._prefill); the engine refills from the pack when it is absent.
-    prefill_dir: str | None = attrs.field(default=None, validator=_str)
     # One seed for every rank: TP ranks stay in step only while they sample alike.
     seed: int | None = attrs.field(default=None, validator=optional(instance_of(int)))
     format: int = attrs.field(default=PLAN_FORMAT, validator=instance_of(int))

@@ -128,7 +128,6 @@ class Run:
             driver=driver, provider=provider, engine="sglang", artifact=variant,
             model=self.model_ref(), workdir=str(self.root / variant / f"restore{i}"),
             store=str(self.root / "store"), engine_args=ENGINE_ARGS,
-            prefill=self.args.prefill and variant == "n610-native",
         )  # fmt: skip
 
     # -- HTTP ----------------------------------------------------------------------------------
@@ -291,7 +290,6 @@ class Run:
         t0 = time.perf_counter()
         receipt = machine.restore(request)
         rec = _receipt(receipt, time.perf_counter() - t0)
-        rec["prefill_report"] = receipt.facts.get("prefill_report")
         rec["verify_image_seconds"] = receipt.facts.get("verify_image_seconds")
         if not receipt.ok:
             return rec
@@ -359,7 +357,6 @@ class Run:
             for_request_s=round(built, 3),
             engine_url=receipt.facts.get("engine_url"),
             engine_pid=receipt.facts.get("engine_pid"),
-            prefill_report=receipt.facts.get("prefill_report"),
         )
         print(json.dumps(rec, default=str), flush=True)
         return 0 if receipt.ok else 1
@@ -683,7 +680,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--naive", action="store_true", help="snapshot the cold server whole, too")
     p.add_argument("--warm-cold", action="store_true", help="a second cold start at the end")
     p.add_argument("--fresh-restore", action="store_true", help="one more, by a new process")
-    p.add_argument("--prefill", action="store_true", help="n610-native restores ask to prefill")
     p.add_argument("--child-restore", metavar="VARIANT", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     bad = [v for v in args.variants if v not in VARIANTS]

@@ -70,17 +70,6 @@ CUDA = Guard(
     "the driver moves the engine's CUDA state through the driver's checkpoint API",
     capability("driver", "cuda"),
 )
-PREFILL_GUARD = Guard(
-    "prefill",
-    "the request asks for it (`prefill`), the provider brings weights back from a payload and "
-    "the driver restores CUDA state: helpers put the payload on the GPU while the process is "
-    "restored",
-    lambda request, components: (
-        bool(getattr(request, "prefill", False))
-        and capability("provider", "payload")(request, components)
-        and capability("driver", "cuda")(request, components)
-    ),
-)
 GRAPHS = Guard(
     "graphs",
     "the engine captures CUDA graphs that point into released memory",
@@ -97,7 +86,6 @@ __all__ = [
     "CUDA",
     "GRAPHS",
     "PAYLOAD",
-    "PREFILL_GUARD",
     "RETIRE",
     "Guard",
     "Predicate",

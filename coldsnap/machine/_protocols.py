@@ -123,19 +123,6 @@ class WeightProvider(Component, Protocol):
         """Verifies the weights and makes `weight_source` for the engine."""
         ...
 
-    def prefill(self, ctx: StepContext) -> StepResult:
-        """Starts putting the verified payload on the GPU beside the restore (`payload` with a
-        `cuda` driver); makes `prefill`."""
-        ...
-
-    def stop_prefill(self, ctx: StepContext) -> StepResult:
-        """Ends what prefill started (its device memory is freed)."""
-        ...
-
-    def end_prefill(self, ctx: StepContext) -> StepResult:
-        """Once the engine took the prefilled memory: waits for the helpers to end; reports."""
-        ...
-
 
 @runtime_checkable
 class ArtifactStore(Component, Protocol):

@@ -121,11 +121,6 @@ class RestoreRequest:
     async_cuda_graphs: bool = False
     """An engine started at restore (n580) serves eagerly first and captures its decode graphs
     at the first scheduler-idle boundary after a completed request (CUDA)."""
-    prefill: bool = False
-    """n610 native on CUDA: helper processes put the payload on the GPU while CRIU restores, and
-    the engine refills device to device (coldsnap.providers.native._prefill). Off by default:
-    on the H200 the refill itself fell from 0.46 s to 0.09 s, but the helpers' start (an
-    interpreter importing torch beside CRIU) made the whole restore slower (docs/performance.md)."""
     timeouts: dict[str, float] = field(factory=dict, converter=_as_timeouts)
     format: int = REQUEST_FORMAT
     kind: str = "coldsnap.restore-request"
@@ -145,8 +140,6 @@ class RestoreRequest:
         if self.async_cuda_graphs and self.driver == "n610":
             problems.append(("async_cuda_graphs", "an n610 restore resumes the captured process "
                              "with its environment: set it in the capture request"))  # fmt: skip
-        if self.prefill and (self.driver, self.provider) != ("n610", "native"):
-            problems.append(("prefill", "only an n610 restore from a native payload prefills"))
         if problems:
             raise RequestError(problems)
 

@@ -6,7 +6,7 @@ and steps beside their specs and import these.
 from __future__ import annotations
 
 from ._facts import fact
-from ._guards import CHECKPOINT, GRAPHS, PAYLOAD, PREFILL_GUARD, Guard, capability
+from ._guards import CHECKPOINT, GRAPHS, PAYLOAD, Guard, capability
 from ._spec import Step
 
 RANKS = Guard(
@@ -70,8 +70,6 @@ WEIGHT_SOURCE = fact(
     "where the restored engine takes its weights from: {provider, payload_dir, preverified} or "
     "{provider, checkpoint[, draft_checkpoint]}",
 )
-PREFILL = fact("prefill", "the prefill helpers of a restore: {dir, pids}")
-PREFILL_REPORT = fact("prefill_report", "what became of each rank's prefill (consumed, failed)")
 
 # -- facts of the store steps -------------------------------------------------------------------
 VERIFY_IMAGE_SECONDS = fact(
@@ -194,29 +192,6 @@ VERIFY_CHECKPOINT = Step(
     on_interrupt="retry",
     needs=(CAPSULE_CHECKPOINT,),
     makes=(WEIGHT_SOURCE, CHECKPOINT_FILES),
-)
-PREFILL_PAYLOAD = Step(
-    "prefill_payload",
-    "provider.prefill",
-    "start one helper per rank that copies the verified payload into device memory of its own "
-    "while the process is restored (the engine then copies device to device)",
-    compensation="provider.stop_prefill",
-    when=PREFILL_GUARD,
-    on_interrupt="compensate",
-    timeout_s=60.0,
-    needs=(WEIGHT_SOURCE,),
-    makes=(PREFILL,),
-)
-END_PREFILL = Step(
-    "end_prefill",
-    "provider.end_prefill",
-    "wait for each prefill helper to exit once the engine took its memory (end it otherwise) "
-    "and report what became of it",
-    no_compensation="the prefill compensation ends the helpers",
-    when=PREFILL_GUARD,
-    timeout_s=60.0,
-    needs=(PREFILL,),
-    makes=(PREFILL_REPORT,),
 )
 RESUME_WEIGHTS = Step(
     "resume_weights",

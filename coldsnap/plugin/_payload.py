@@ -59,37 +59,13 @@ def prepare(model: Any, src: Path, *, verify: bool) -> tuple[Any, float]:
     return source, seconds
 
 
-PREFILL_WAIT_S = 15.0
-"""How long a resume waits for a rank's prefill helper (it starts before the process restore,
-so it is normally ready first); then the pack is copied from host memory instead."""
-
-
-def prefill_folder(plan: Any, rank: int, role: str) -> Path | None:
-    """Where this rank's prefill helper publishes `role`'s payload, when the plan names one."""
-    folder = getattr(plan, "prefill_dir", None)
-    return Path(folder) / f"tp{rank}" / role if folder else None
-
-
-def hydrate(model: Any, source: Any, prefilled: Path | None = None) -> dict[str, Any]:
-    """Copies a prepared pack into the model's storages in place (already verified): device to
-    device from the prefill helper's memory when there is one, else from the pack's pages. A
-    prefill that failed or is late is named in `prefill`; the pack then fills every byte."""
-    from coldsnap.providers import HydrationFailed
+def hydrate(model: Any, source: Any) -> dict[str, Any]:
+    """Copies a prepared pack into the model's storages in place (already verified)."""
     from coldsnap.providers.native import hydrate_pack
-    from coldsnap.providers.native._prefill import fill_from_prefill
 
-    summary: dict[str, Any] = {"path": str(getattr(source, "path", ""))}
-    if prefilled is not None:
-        try:
-            filled = fill_from_prefill(model, source, prefilled, timeout=PREFILL_WAIT_S)
-            return {**summary, **filled, "extents": len(source.index.extents),
-                    "cuda_path": "prefill", "prefill": "consumed"}  # fmt: skip
-        except HydrationFailed as exc:
-            summary["prefill"] = f"unused: {exc}"
-            logger.warning("coldsnap: %s; refilling from the pack", summary["prefill"])
     report = hydrate_pack(model, source, verify=False)
     return {
-        **summary,
+        "path": str(getattr(source, "path", "")),
         "nbytes": int(report.nbytes),
         "extents": int(report.extents),
         "copy_seconds": float(report.copy_seconds),

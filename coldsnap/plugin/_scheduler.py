@@ -22,7 +22,6 @@ target worker's `model_runner` and the draft worker's `draft_runners`).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -449,10 +448,7 @@ class SchedulerHooks:
             original(mgr, recv_req, *args, **kwargs)
             hydrated = {}
             for entry in self.registry.models():
-                prefilled = _payload.prefill_folder(plan, staged["rank"], entry.role)
-                hydrated[entry.role] = _payload.hydrate(
-                    entry.model, staged["sources"][entry.role], prefilled
-                )
+                hydrated[entry.role] = _payload.hydrate(entry.model, staged["sources"][entry.role])
                 hydrated[entry.role]["verify_seconds"] = staged["verify_seconds"][entry.role]
                 entry.check_live()
             detail["hydrated"] = hydrated
@@ -556,13 +552,7 @@ class SchedulerHooks:
         shape-plan.json and the status record's `shape_calibration`. A failure is recorded,
         never raised: raising here would crash SGLang's hook; the orchestrator fails its step
         on a failed record instead (a capture refuses to release, and compensates)."""
-        captured, problem = None, None
-        if self.settings.shape_calibration == "enforce":
-            captured, problem = self._captured_shape_plan()
-        result = _shapes.calibrate(runner, captured)
-        if problem is not None:
-            result = {**result, "outcome": "failed", "error": problem}
-            result.pop("coverage", None)
+        result = _shapes.calibrate(runner)
         record = {"format": SHAPE_PLAN_FORMAT, "kind": SHAPE_PLAN_KIND, **result}
         write_json_atomic(self._runtime_dir() / SHAPE_PLAN_FILE, record)
         if record["outcome"] == "ok":
@@ -571,21 +561,6 @@ class SchedulerHooks:
             logger.error("coldsnap: shape calibration failed: %s", record["error"])
             self.status.update("shape_calibration_failed", shape_calibration=record)
         return record
-
-    def _captured_shape_plan(self) -> tuple[dict[str, Any] | None, str | None]:
-        """(the shape plan published at capture, None) or (None, why it cannot be used)."""
-        assert self.settings.artifact_dir is not None  # settings cross-check
-        path = self.settings.artifact_dir / SHAPE_PLAN_FILE
-        try:
-            captured = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            return None, f"no readable captured shape plan at {path}: {exc}"
-        if not isinstance(captured, dict) or (captured.get("kind"), captured.get("format")) != (
-            SHAPE_PLAN_KIND,
-            SHAPE_PLAN_FORMAT,
-        ):
-            return None, f"{path} is not a shape plan record of format {SHAPE_PLAN_FORMAT}"
-        return captured, None
 
     # ---------------------------------------------------------------- helpers
     def _require_registered(self) -> None:

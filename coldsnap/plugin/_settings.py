@@ -25,7 +25,7 @@ STARTUP_PROVIDERS = ("checkpoint", "native", "recovery")
 # Load formats that read a checkpoint from a local directory (SGLang `LoadFormat` values);
 # admission also checks that the installed SGLang knows the one chosen.
 RECOVERY_LOAD_FORMATS = ("auto", "safetensors", "pt")
-SHAPE_CALIBRATIONS = ("off", "record", "enforce")
+SHAPE_CALIBRATIONS = ("off", "record")
 BOOL_VALUES = FLAG_VALUES
 # How long a TP rank waits for its peers at a release/resume barrier (coldsnap.plugin._ranks).
 DEFAULT_RANK_TIMEOUT_S = 300.0
@@ -205,13 +205,6 @@ def _cross_checks(s: Settings) -> list[tuple[str, str]]:
             (
                 "COLDSNAP_PROCESS_ARTIFACT_ROOT",
                 "must be set when COLDSNAP_LIVE_BACKING=disk (accepted: an absolute path)",
-            )
-        )
-    if s.shape_calibration == "enforce" and s.artifact_dir is None:
-        problems.append(
-            (
-                "COLDSNAP_ARTIFACT_DIR",
-                "must be set when COLDSNAP_SHAPE_CALIBRATION=enforce (accepted: an absolute path)",
             )
         )
     return problems

@@ -10,8 +10,6 @@ turns into a failed step (the SGLang hook that runs it must not crash the schedu
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
 from coldsnap._errors import PluginError
@@ -28,8 +26,7 @@ _SGLANG_ERRORS = (ImportError, AttributeError, AssertionError, LookupError, Type
 
 
 class ShapeCalibrationError(PluginError, RuntimeError):
-    """The graph plan is unrecognised, or the warmed shapes differ from it, or from the plan
-    captured before (enforce)."""
+    """The graph plan is unrecognised, or the warmed shapes differ from it."""
 
 
 def graph_plan(runner: Any) -> dict[str, dict[str, Any]]:
@@ -117,10 +114,9 @@ def warmed_shapes(runner: Any) -> dict[str, list[int]]:
     return observed
 
 
-def calibrate(runner: Any, captured: dict[str, Any] | None = None) -> dict[str, Any]:
+def calibrate(runner: Any) -> dict[str, Any]:
     """The calibration record of `runner`: plan, warmed shapes, outcome (ok or failed, with the
-    error) and, when ok, the coverage. With `captured` (a record published at capture), its
-    coverage must be this one too."""
+    error) and, when ok, the coverage."""
     record: dict[str, Any] = {"device": str(getattr(runner, "device", "unknown"))}
     try:
         plan = graph_plan(runner)
@@ -136,8 +132,6 @@ def calibrate(runner: Any, captured: dict[str, Any] | None = None) -> dict[str, 
                     f"from the warmed shapes {warmed[p]}"
                 )
         record["coverage"] = coverage_of(record)
-        if captured is not None:
-            _compare(captured, record)
     except ShapeCalibrationError as exc:
         return {**record, "outcome": "failed", "error": str(exc)}
     return {**record, "outcome": "ok", "error": None}
@@ -152,22 +146,6 @@ def coverage_of(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def coverage_digest(coverage: dict[str, Any]) -> str:
-    data = json.dumps(coverage, sort_keys=True, separators=(",", ":")).encode()
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def _compare(captured: dict[str, Any], record: dict[str, Any]) -> None:
-    if captured.get("outcome") != "ok" or not isinstance(captured.get("coverage"), dict):
-        raise ShapeCalibrationError("the captured shape plan holds no coverage")
-    for key in ("device", *PHASES):
-        if captured["coverage"].get(key) != record["coverage"][key]:
-            raise ShapeCalibrationError(
-                f"shape plan {key}: captured {captured['coverage'].get(key)!r}, "
-                f"now {record['coverage'][key]!r}"
-            )
-
-
 __all__ = [
     "DECODE",
     "PHASES",
@@ -175,7 +153,6 @@ __all__ = [
     "PREFILL_TOKENS_CONTRACT",
     "ShapeCalibrationError",
     "calibrate",
-    "coverage_digest",
     "coverage_of",
     "graph_plan",
     "warmed_shapes",

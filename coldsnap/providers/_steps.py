@@ -10,12 +10,7 @@ hands to the engine; neither branches on an engine or a driver.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
-import signal
-import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +19,7 @@ from coldsnap.machine import ComponentError, Registry, StepContext
 from coldsnap.machine import steps as s
 
 from ._errors import CheckpointError, PackDamaged, ProviderError
-from .native import PackDirectory, _prefill, verify_pack
-
-PREFILL_TIMEOUT_S = 300.0  # the longest a helper waits for the engine to take its memory
+from .native import PackDirectory, verify_pack
 
 PACK_INDEX = "index.json"
 
@@ -87,80 +80,6 @@ class NativeProvider:
             s.VERIFY_SECONDS.name: round(seconds, 3),
         }
 
-    # -- prefill (restores of CUDA engines; coldsnap.providers.native._prefill) ----------------
-
-    def prefill(self, ctx: StepContext) -> dict[str, Any]:
-        """Starts one helper per rank that copies the verified payload into device memory of its
-        own, for the restored engine to copy device to device (rank r on GPU r: SGLang's
-        default placement). Returns at once: the helpers work while the process is restored."""
-        payload = Path(ctx.facts[s.WEIGHT_SOURCE.name]["payload_dir"])
-        ranks = _prefill.rank_roles(payload)
-        if not ranks:
-            raise PackDamaged(f"payload {payload}", ["holds no tp<rank>/<role> pack to prefill"])
-        root = ctx.workdir / "prefill"
-        shutil.rmtree(root, ignore_errors=True)  # a retried step starts over
-        root.mkdir(parents=True)
-        procs: dict[int, subprocess.Popen[bytes]] = {}
-        try:
-            for rank, roles in sorted(ranks.items()):
-                out = root / f"tp{rank}"
-                out.mkdir()
-                argv = _prefill.command(roles, out, rank, PREFILL_TIMEOUT_S)
-                with open(out / "prefill.log", "wb") as log:
-                    procs[rank] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-                made = {"dir": str(root), "pids": [p.pid for p in procs.values()]}
-                ctx.record(**{s.PREFILL.name: made})
-        except BaseException:
-            _end(list(procs.values()), 0.0)
-            raise
-        self._helpers = list(procs.values())
-        return {s.PREFILL.name: made}
-
-    def stop_prefill(self, ctx: StepContext) -> None:
-        """Compensation: ends the helpers (their device memory is freed as they exit)."""
-        helpers = getattr(self, "_helpers", None) or []
-        pids = (ctx.facts.get(s.PREFILL.name) or {}).get("pids") or []
-        _end(helpers, 0.0)
-        for pid in pids:  # a resumed machine has no Popen of them: they are not ours to reap
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                if _is_prefill(pid):
-                    os.kill(pid, signal.SIGKILL)
-
-    def end_prefill(self, ctx: StepContext) -> dict[str, Any]:
-        """After the weights were resumed: tells each helper its memory is no longer wanted,
-        waits for it to exit (up to 10 s, then ends it); reports whether the engine took it."""
-        root = Path(ctx.facts[s.PREFILL.name]["dir"])
-        for rank_dir in root.glob("tp*"):  # whatever the engine did, the memory is not wanted
-            (rank_dir / _prefill.RELEASE).touch()
-        _end(getattr(self, "_helpers", None) or [], 10.0)
-        report: dict[str, Any] = {}
-        for out in sorted(root.glob("tp*/*")):
-            if not out.is_dir():
-                continue
-            state = "consumed" if (out / _prefill.CONSUMED).exists() else "not used"
-            if (out / _prefill.FAILED).exists():
-                state = "failed: " + (out / _prefill.FAILED).read_text()[:500]
-            report[f"{out.parent.name}/{out.name}"] = state
-        return {s.PREFILL_REPORT.name: report}
-
-
-def _end(procs: list[subprocess.Popen[bytes]], grace: float) -> None:
-    """Waits up to `grace` seconds for each helper to exit, then kills and reaps it."""
-    deadline = time.monotonic() + grace
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _is_prefill(pid: int) -> bool:
-    try:
-        return _prefill.__name__.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-
 
 class RecoveryProvider:
     """A pinned checkpoint: the model's files must be those the capture was bound to; the
@@ -182,12 +101,6 @@ class RecoveryProvider:
             f"provider '{self.name}' exports no payload; nothing to discard in step "
             f"'{ctx.step.name}'"
         )
-
-    def prefill(self, ctx: StepContext) -> None:
-        """Never selected: the prefill steps are guarded by capability `payload`."""
-        raise ComponentError(f"provider '{self.name}' has no payload to prefill")
-
-    stop_prefill = end_prefill = prefill
 
     def stage(self, ctx: StepContext) -> dict[str, Any]:
         """Checks every pinned file of the checkpoint by its sha256, and of the speculative

@@ -579,23 +579,6 @@ class MemoryProvider(_Double):
             s.CHECKPOINT_FILES.name: len(here),
         }
 
-    # A prefill helper stands for device memory held beside the restored engine: a resource
-    # of the world from `prefill` until `end_prefill` (or its compensation) ends it.
-    def prefill(self, ctx: StepContext) -> dict[str, Any]:
-        self._call(ctx, "provider.prefill")
-        key = f"prefill:{ctx.workdir}"
-        self.world.resources[key] = {"payload": ctx.facts[s.WEIGHT_SOURCE.name]["payload_dir"]}
-        return {s.PREFILL.name: {"dir": key, "pids": []}}
-
-    def stop_prefill(self, ctx: StepContext) -> None:
-        self._call(ctx, "provider.stop_prefill")
-        self.world.resources.pop(f"prefill:{ctx.workdir}", None)
-
-    def end_prefill(self, ctx: StepContext) -> dict[str, Any]:
-        self._call(ctx, "provider.end_prefill")
-        ended = self.world.resources.pop(f"prefill:{ctx.workdir}", None)
-        return {s.PREFILL_REPORT.name: {"tp0/target": "consumed" if ended else "not used"}}
-
 
 def checkpoint_files(path: str) -> dict[str, str]:
     """file name -> digest of the world's checkpoint at `path`."""

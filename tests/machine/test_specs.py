@@ -32,9 +32,9 @@ CONTRACT = {
         "seal_artifact", "retire_source",
     ],
     "restore-n610": [
-        "admit", "stage_payload", "verify_checkpoint", "prefill_payload", "process_restore",
+        "admit", "stage_payload", "verify_checkpoint", "process_restore",
         "ranks_present", "cuda_restore", "cuda_unlock", "continue_process", "resume_weights",
-        "end_prefill", "resume_rest", "tp_barrier", "wait_healthy", "acceptance",
+        "resume_rest", "tp_barrier", "wait_healthy", "acceptance",
     ],
     "capture-n580": [
         "launch_template", "check_context_free", "dump_template", "release_template",

@@ -29,7 +29,7 @@ def test_every_variable_of_the_design_is_parsed() -> None:
         "COLDSNAP_SGLANG_STARTUP_PROVIDER": "native",
         "COLDSNAP_SGLANG_RECOVERY_LOAD_FORMAT": "safetensors",
         "COLDSNAP_ASYNC_CUDA_GRAPHS": "yes",
-        "COLDSNAP_SHAPE_CALIBRATION": "enforce",
+        "COLDSNAP_SHAPE_CALIBRATION": "record",
         "COLDSNAP_RANK_TIMEOUT_S": "12.5",
         "COLDSNAP_KEEP_RESIDUAL": "0",
     }
@@ -46,7 +46,7 @@ def test_every_variable_of_the_design_is_parsed() -> None:
         startup_provider="native",
         recovery_load_format="safetensors",
         async_cuda_graphs=True,
-        shape_calibration="enforce",
+        shape_calibration="record",
         rank_timeout_s=12.5,
         keep_residual=False,
     )
@@ -69,7 +69,7 @@ def test_a_rank_timeout_must_be_positive_seconds(raw: str) -> None:
         ("COLDSNAP_KEEP_RESIDUAL", "keep", "0, 1, true, false"),
         ("COLDSNAP_SGLANG_STARTUP_PROVIDER", "s3", "checkpoint, native, recovery"),
         ("COLDSNAP_SGLANG_RECOVERY_LOAD_FORMAT", "gguf", "auto, safetensors, pt"),
-        ("COLDSNAP_SHAPE_CALIBRATION", "maybe", "off, record, enforce"),
+        ("COLDSNAP_SHAPE_CALIBRATION", "maybe", "off, record"),
         ("COLDSNAP_ASYNC_CUDA_GRAPHS", "2", "0, 1, true, false"),
         ("COLDSNAP_EXPORT_MODEL_PAYLOAD", "please", "0, 1, true, false"),
         ("COLDSNAP_ARTIFACT_PREVERIFIED", "si", "0, 1, true, false"),
@@ -110,7 +110,6 @@ def test_all_problems_are_reported_at_once() -> None:
             {**BASE, "COLDSNAP_SGLANG_STARTUP_PROVIDER": "recovery"},
             "COLDSNAP_SGLANG_STARTUP_PROVIDER",
         ),
-        ({**BASE, "COLDSNAP_SHAPE_CALIBRATION": "enforce"}, "COLDSNAP_ARTIFACT_DIR"),
         ({**BASE, "COLDSNAP_LIVE_BACKING": "disk"}, "COLDSNAP_PROCESS_ARTIFACT_ROOT"),
     ],
 )

@@ -41,7 +41,7 @@ def test_bad_setting_stops_startup_with_the_message(
     assert "exited with code" in message
     accepted = "discard, cpu, disk"
     assert f"COLDSNAP_LIVE_BACKING: 'gpu-vmm' is not one of: {accepted}" in message
-    assert "COLDSNAP_SHAPE_CALIBRATION: 'x' is not one of: off, record, enforce" in message
+    assert "COLDSNAP_SHAPE_CALIBRATION: 'x' is not one of: off, record" in message
     # It stops in the launcher, before any scheduler starts or any port opens.
     assert "Init parallel" not in (tmp_path / "server.log").read_text()
     assert time.monotonic() - t0 < 60

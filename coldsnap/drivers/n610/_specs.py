@@ -76,7 +76,6 @@ RESTORE = Spec(
         s.ADMIT,
         s.STAGE_PAYLOAD,
         s.VERIFY_CHECKPOINT,
-        s.PREFILL_PAYLOAD,
         Step(
             "process_restore",
             "driver.restore",
@@ -113,7 +112,6 @@ RESTORE = Spec(
             needs=(s.ENGINE_PID,),
         ),
         s.RESUME_WEIGHTS,
-        s.END_PREFILL,
         s.RESUME_REST,
         s.TP_BARRIER,
         s.WAIT_HEALTHY,

@@ -320,9 +320,6 @@ class SGLangEngine:
         payload or reloads the pinned checkpoint before the call returns."""
         seed = int.from_bytes(os.urandom(8), "little") >> 1
         source = dict(ctx.facts[s.WEIGHT_SOURCE.name])
-        prefill = ctx.facts.get(s.PREFILL.name)  # made only where the prefill step ran
-        if prefill:
-            source["prefill_dir"] = prefill["dir"]
         plan = plan_from({**source, "seed": seed}, where=f"weight source {source!r}")
         write_plan(Path(ctx.facts[s.RUNTIME_DIR.name]), plan)
         with self._client(ctx) as client, self._naming_ranks(ctx, "resume_weights"):
