@@ -5,6 +5,7 @@ the leaves `coldsnap._errors` (the root of the exception tree) and `coldsnap._at
 """
 
 from ._errors import (
+    BackendArgumentError,
     BackendError,
     CriuError,
     CriuUnavailable,
@@ -12,6 +13,7 @@ from ._errors import (
     GpuMappingFound,
     LaunchError,
     PidCollision,
+    PidStillHeld,
 )
 from ._records import DumpManifest, RestoredTree, SavedFile
 from .criu import Criu, CriuVersion
@@ -25,11 +27,13 @@ from .procs import (
     reap,
     reap_children,
     refuse_gpu_mappings,
+    running,
     stop_tree,
     wait_gone,
 )
 
 __all__ = [
+    "BackendArgumentError",
     "BackendError",
     "Criu",
     "CriuError",
@@ -43,6 +47,7 @@ __all__ = [
     "LaunchError",
     "Launched",
     "PidCollision",
+    "PidStillHeld",
     "RestoredTree",
     "SavedFile",
     "become_subreaper",
@@ -52,6 +57,7 @@ __all__ = [
     "reap",
     "reap_children",
     "refuse_gpu_mappings",
+    "running",
     "stop_tree",
     "wait_gone",
 ]

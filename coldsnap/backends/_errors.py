@@ -97,3 +97,23 @@ class GpuMappingFound(BackendError):
 
 class LaunchError(BackendError):
     """A target process could not be started as asked."""
+
+
+class BackendArgumentError(BackendError, ValueError):
+    """A call names what it cannot act on: a path that must not exist yet exists, a process
+    that is gone, a negative timeout. Raised before anything is changed. A ValueError too,
+    as these were."""
+
+
+@define(auto_exc=True)
+class PidStillHeld(BackendError, TimeoutError):
+    """A PID that was waited for is still held when the wait ends. A TimeoutError too: the
+    tree-stopping helpers wait for each member in turn and go on past one that outlives its
+    wait."""
+
+    pid: int
+    holder: str
+    timeout_s: float
+
+    def __str__(self) -> str:
+        return f"PID {self.pid} is still held by {self.holder} after {self.timeout_s} s"

@@ -26,9 +26,12 @@ from pathlib import Path
 if __package__:
     from coldsnap._atomic import atomic_write
 
-    from ._images import read_file_paths
+    from ._images import ImageFormatError, read_file_paths
 else:  # run as a script by CRIU: this file's folder is sys.path[0]; only `save` runs there
-    from _images import read_file_paths  # type: ignore[import-not-found,no-redef]
+    from _images import (  # type: ignore[import-not-found,no-redef]
+        ImageFormatError,
+        read_file_paths,
+    )
 
 SAVED_DIR = "coldsnap-files"
 SAVED_PREFIXES = ("/dev/shm/",)
@@ -37,7 +40,7 @@ SAVED_PREFIXES = ("/dev/shm/",)
 def saved_name(path: str) -> str:
     """Where a file is kept, relative to the image directory."""
     if not path.startswith("/") or ".." in Path(path).parts:
-        raise ValueError(f"not an absolute, normalized path: {path!r}")
+        raise ImageFormatError(f"not an absolute, normalized path: {path!r}")
     return f"{SAVED_DIR}/{path.lstrip('/')}"
 
 

@@ -88,7 +88,7 @@ def decode_message(msg: bytes) -> list[Field]:
 
 def encode_varint(value: int) -> bytes:
     if value < 0:
-        raise ValueError(f"a varint is unsigned, got {value}")
+        raise ImageFormatError(f"a varint is unsigned, got {value}")
     out = bytearray()
     while True:
         low, value = value & 0x7F, value >> 7
@@ -106,7 +106,7 @@ def encode_message(fields: list[Field]) -> bytes:
         elif isinstance(value, bytes):
             out += (encode_varint(len(value)) if wire == _LEN else b"") + value
         else:
-            raise ValueError(f"field {number}: wire type {wire} needs bytes, got {value!r}")
+            raise ImageFormatError(f"field {number}: wire type {wire} needs bytes, got {value!r}")
     return bytes(out)
 
 

@@ -16,6 +16,8 @@ from attrs import frozen
 
 from coldsnap._atomic import write_json_atomic
 
+from ._images import ImageFormatError
+
 DUMP_MANIFEST = "coldsnap-dump.json"
 RESTORE_RECORD = "coldsnap-restore.json"
 
@@ -83,7 +85,9 @@ def read_record(path: Path, cls: type[T]) -> T:
     kind = attrs.fields(cls).kind.default  # type: ignore[misc]
     fmt = attrs.fields(cls).format.default  # type: ignore[misc]
     if data.get("kind") != kind:
-        raise ValueError(f"{path}: field 'kind' is {data.get('kind')!r}, expected {kind!r}")
+        raise ImageFormatError(f"{path}: field 'kind' is {data.get('kind')!r}, expected {kind!r}")
     if data.get("format") != fmt:
-        raise ValueError(f"{path}: field 'format' is {data.get('format')!r}, this reads {fmt}")
+        raise ImageFormatError(
+            f"{path}: field 'format' is {data.get('format')!r}, this reads {fmt}"
+        )
     return converter.structure(data, cls)

@@ -33,7 +33,7 @@ import filelock
 from attrs import frozen
 
 from . import _files, procs
-from ._errors import CriuError, CriuUnavailable
+from ._errors import BackendArgumentError, CriuError, CriuUnavailable
 from ._images import ImageFormatError, TaskIds, read_pstree
 from ._log import first_error, first_error_in
 from ._records import (
@@ -65,7 +65,7 @@ class CriuVersion:
     def parse(cls, text: str) -> CriuVersion:
         match = re.search(r"Version:\s*(\d+)\.(\d+)(?:\.(\d+))?", text)
         if not match:
-            raise ValueError(f"no 'Version: X.Y' in {text!r}")
+            raise ImageFormatError(f"no 'Version: X.Y' in {text!r}")
         return cls(int(match[1]), int(match[2]), int(match[3] or 0))
 
     def __str__(self) -> str:
@@ -198,11 +198,11 @@ class Criu:
         extras = [os.fspath(p) for p in extra_files]
         for extra in extras:
             if not os.path.isabs(extra):
-                raise ValueError(f"extra_files: {extra!r} is not an absolute path")
+                raise BackendArgumentError(f"extra_files: {extra!r} is not an absolute path")
         if _not_empty(images):
-            raise ValueError(f"images_dir: {images} exists and is not an empty directory")
+            raise BackendArgumentError(f"images_dir: {images} exists and is not an empty directory")
         if not procs.pid_exists(pid):
-            raise ValueError(f"pid: no process {pid}")
+            raise BackendArgumentError(f"pid: no process {pid}")
         version = self.require_version()
         images.mkdir(parents=True, exist_ok=True)
         images = images.resolve()
@@ -323,16 +323,20 @@ class Criu:
         images = Path(images_dir).resolve()
         for needed in ("inventory.img", "pstree.img"):
             if not (images / needed).is_file():
-                raise ValueError(f"images_dir: {images} has no {needed}: not a CRIU image")
+                raise BackendArgumentError(
+                    f"images_dir: {images} has no {needed}: not a CRIU image"
+                )
         manifest = _read_manifest(images)
         tasks = read_pstree(images)
         own_ns = tasks[0].pid == 1
         new_pid_namespace = new_pid_namespace and not own_ns  # CRIU makes one for such images
         attached = new_pid_namespace or not detached
         if pidfile is not None and Path(pidfile).exists():
-            raise ValueError(f"pidfile: {pidfile} exists; CRIU needs a path that does not")
+            raise BackendArgumentError(
+                f"pidfile: {pidfile} exists; CRIU needs a path that does not"
+            )
         if work_dir is not None and _not_empty(Path(work_dir)):
-            raise ValueError(f"work_dir: {work_dir} exists and is not an empty directory")
+            raise BackendArgumentError(f"work_dir: {work_dir} exists and is not an empty directory")
         if not own_ns and not new_pid_namespace:
             procs.check_pids_free({t.pid for t in tasks} | {i for t in tasks for i in t.threads})
         self.require_version()

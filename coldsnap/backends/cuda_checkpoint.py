@@ -30,7 +30,7 @@ from typing import Any
 
 from attrs import frozen
 
-from ._errors import CudaCheckpointError
+from ._errors import BackendArgumentError, CudaCheckpointError
 
 RUNNING, LOCKED, CHECKPOINTED, FAILED = "running", "locked", "checkpointed", "failed"
 _STATE_NAMES = {
@@ -185,7 +185,7 @@ class CudaCheckpoint:
         CUDA_ERROR_NOT_READY here). No-op when it is already LOCKED or CHECKPOINTED.
         Returns the state before the call."""
         if timeout_s < 0:
-            raise ValueError(f"timeout_s: {timeout_s} is negative")
+            raise BackendArgumentError(f"timeout_s: {timeout_s} is negative")
 
         def args(driver: Any) -> Any:
             lock_args = driver.CUcheckpointLockArgs()

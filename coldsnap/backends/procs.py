@@ -20,7 +20,7 @@ from collections.abc import Iterable
 import psutil
 from attrs import frozen
 
-from ._errors import GpuMappingFound, PidCollision
+from ._errors import GpuMappingFound, PidCollision, PidStillHeld
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
@@ -88,9 +88,29 @@ def pid_exists(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
 
 
+def running(pid: int | None, *, environ: tuple[str, str] | None = None) -> bool:
+    """Whether `pid` is a live process: it exists and has not ended (a zombie, or one being
+    torn down, has). With `environ=(name, value)`, also that its initial environment sets
+    `name` to `value`: a PID that another process took since fails that check, so a caller
+    that signals only what passes it never signals a stranger. A process whose environment
+    cannot be read is not taken for the one asked about."""
+    if not pid:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            return False
+        if environ is None:
+            return True
+        name, value = environ
+        return proc.environ().get(name) == value
+    except (psutil.Error, OSError):
+        return False
+
+
 def wait_gone(pid: int, timeout: float = 10.0) -> int | None:
     """Waits until `pid` is free, reaping it when it is our child. Returns its exit code when
-    we reaped it. Raises TimeoutError naming what still holds it."""
+    we reaped it. Raises PidStillHeld (a TimeoutError) naming what still holds it."""
     deadline = time.monotonic() + timeout
     code: int | None = None
     while True:
@@ -100,7 +120,7 @@ def wait_gone(pid: int, timeout: float = 10.0) -> int | None:
         if not pid_exists(pid):
             return code
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"PID {pid} is still held by {describe_pid(pid)} after {timeout} s")
+            raise PidStillHeld(pid, describe_pid(pid), timeout)
         time.sleep(0.01)
 
 

@@ -27,7 +27,7 @@ from attrs import asdict, frozen
 from coldsnap._atomic import write_json_atomic
 from coldsnap._errors import OperationError
 from coldsnap.backends import stop_tree
-from coldsnap.backends.procs import pid_exists
+from coldsnap.backends.procs import running
 from coldsnap.engines.sglang import RUNTIME_ROOT
 from coldsnap.machine import JOURNAL_NAME, JournalError, Replay, RequestError, read_journal
 from coldsnap.machine._journal import workdir_lock
@@ -117,22 +117,7 @@ def receipt(workdir: Path) -> dict[str, Any] | None:
 def engine_alive(pid: int | None, runtime_dir: str | None) -> bool:
     """Whether `pid` runs and is the engine of `runtime_dir` (not a later process that took
     the PID). Without a runtime dir to compare, a live non-zombie PID counts."""
-    if not pid or not pid_exists(pid) or _zombie(pid):
-        return False
-    if not runtime_dir:
-        return True
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return f"COLDSNAP_RUNTIME_DIR={runtime_dir}".encode() in environ
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return True
+    return running(pid, environ=("COLDSNAP_RUNTIME_DIR", runtime_dir) if runtime_dir else None)
 
 
 def listening(url: str | None) -> bool:

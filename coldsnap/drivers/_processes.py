@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 
 from coldsnap.backends import Criu, Launched, become_subreaper, launch, reap_children, stop_tree
-from coldsnap.backends.procs import pid_exists, tree_pids
+from coldsnap.backends.procs import pid_exists, running, tree_pids
 from coldsnap.machine import LaunchCommand, StepContext
 
 HOST_ROOT = Path("/run/coldsnap")
@@ -58,7 +58,7 @@ class Processes:
         return launched.pid
 
     def alive(self, pid: int | None) -> bool:
-        return pid is not None and pid_exists(pid) and not _zombie(pid)
+        return running(pid)
 
     def stop(self, pid: int | None, timeout: float = 20.0) -> None:
         """SIGTERM to the root only (SGLang's launcher then stops its children), SIGKILL to what
@@ -83,14 +83,6 @@ class Processes:
         for member in tree_pids(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(member, signal.SIGCONT)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
 
 
 Belongs = Callable[[psutil.Process], bool]

@@ -16,8 +16,9 @@ import attrs
 from coldsnap._atomic import write_json_atomic
 from coldsnap.backends import Criu, refuse_gpu_mappings
 from coldsnap.backends.procs import kill_tree
-from coldsnap.machine import LaunchCommand, Launcher, StepContext
+from coldsnap.machine import ComponentError, LaunchCommand, Launcher, StepContext
 
+from .._errors import TemplateEnded
 from .._processes import (
     Processes,
     discard_host_dirs,
@@ -170,7 +171,10 @@ class N580Driver:
         engine = self.launcher.command(request, ctx.workdir, provider=request.provider)
         argv = list(engine.argv)
         if len(argv) < 3 or argv[1] != "-m":
-            raise ValueError(f"an n580 engine command is 'python -m MODULE ...', got {argv[:3]}")
+            raise ComponentError(
+                f"the launcher's engine command must be 'python -m MODULE ...' for n580 (the "
+                f"template runs the module), got {argv[:3]}"
+            )
         control = Path(ctx.facts["control_dir"])
         order = {
             "format": 1,
@@ -214,7 +218,7 @@ def _wait_status(
         if status.get("state") == state and status.get("pid") == pid:
             return status
         if not processes.alive(pid):
-            raise RuntimeError(
+            raise TemplateEnded(
                 f"the template (pid {pid}) ended before '{state}'; see {ctx.workdir / 'engine.log'}"
             )
         time.sleep(0.02)

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from coldsnap.backends import Criu
 from coldsnap.backends.inet import check_port_free, dial_host, rebind
 from coldsnap.backends.procs import kill_tree, tree_pids
-from coldsnap.machine import Launcher, StepContext
+from coldsnap.machine import ComponentError, Launcher, Skipped, StepContext
 
 from .._processes import (
     RUNTIME_ENV,
@@ -130,7 +130,7 @@ class N610Driver:
 
     def _cuda(self) -> CudaBackend:
         if self.cuda is None:  # the `cuda` guard keeps these steps out of such operations
-            raise RuntimeError("this n610 driver has no CUDA checkpoint backend")
+            raise ComponentError("this n610 driver has no CUDA checkpoint backend")
         return self.cuda
 
     def cuda_lock(self, ctx: StepContext) -> dict[str, Any]:
@@ -144,25 +144,31 @@ class N610Driver:
             cuda.lock(pid, self.lock_timeout_s)
         return {"cuda_pids": pids}
 
-    def cuda_unlock(self, ctx: StepContext) -> None:
-        self._each(ctx, "unlock")
+    def cuda_unlock(self, ctx: StepContext) -> Skipped | None:
+        return self._each(ctx, "unlock")
 
-    def cuda_checkpoint(self, ctx: StepContext) -> None:
-        self._each(ctx, "checkpoint")
+    def cuda_checkpoint(self, ctx: StepContext) -> Skipped | None:
+        return self._each(ctx, "checkpoint")
 
-    def cuda_restore(self, ctx: StepContext) -> None:
+    def cuda_restore(self, ctx: StepContext) -> Skipped | None:
         """The driver's restore runs on a thread of the target itself, so a tree that CRIU left
         stopped is continued first (measured on the H200: the API does not answer for a stopped
         process). Nothing runs ahead: every CUDA call blocks while the process is locked, and
         health stays closed until the weights are back."""
         if ctx.facts.get("cuda_pids"):
             self.processes.resume(ctx.facts["engine_pid"])
-        self._each(ctx, "restore")
+        return self._each(ctx, "restore")
 
-    def _each(self, ctx: StepContext, action: str) -> None:
+    def _each(self, ctx: StepContext, action: str) -> Skipped | None:
+        """`action` on every process that holds a CUDA context; Skipped when none does (a tree
+        on a GPU host that never initialized CUDA), so the receipt does not claim the work."""
         cuda = self._cuda()
-        for pid in ctx.facts.get("cuda_pids") or ():
+        pids = ctx.facts.get("cuda_pids") or ()
+        if not pids:
+            return Skipped(f"no process of the engine's tree holds a CUDA context to {action}")
+        for pid in pids:
             getattr(cuda, action)(pid)  # each call checks the state first: idempotent
+        return None
 
     # -- process images -----------------------------------------------------------------------
 
