@@ -6,6 +6,9 @@ PY := $(VENV)/bin/python
 # Two xdist workers: the tests that need the host (servers, CRIU, GPU) run one at a time on
 # one of them, the in-memory tests on the other (tests/conftest.py).
 TEST_WORKERS ?= 2
+# The set-up installs CRIU and SGLang, so a test that needs either fails here instead of
+# skipping where it is missing (tests/_support.py; GPU tests still skip without a GPU).
+REQUIRE ?= criu,sglang
 
 setup:
 	scripts/setup.sh all
@@ -16,7 +19,7 @@ demo: setup
 test: setup
 	$(PY) -m ruff check coldsnap tests bench
 	$(PY) -m coldsnap.cli docs --check
-	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup
+	COLDSNAP_REQUIRE=$(REQUIRE) $(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup
 
 lint:
 	$(PY) -m ruff check coldsnap tests bench

@@ -11,7 +11,7 @@ import pytest
 
 from coldsnap.backends import CudaCheckpoint, CudaCheckpointError
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("host")]
 
 CHILD = textwrap.dedent(
     """

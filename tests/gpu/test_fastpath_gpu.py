@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("host")]
 
 
 def mapping(seed: int) -> dict[str, torch.Tensor]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.gpu, pytest.mark.criu, pytest.mark.slow]
+pytestmark = [pytest.mark.gpu, pytest.mark.criu, pytest.mark.slow, pytest.mark.xdist_group("host")]
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / ".criu-bundle" / "criu"
 

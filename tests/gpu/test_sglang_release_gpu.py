@@ -12,7 +12,12 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.gpu, pytest.mark.sglang, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.sglang,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("host"),
+]
 
 
 def _needs() -> None:

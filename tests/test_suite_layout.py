@@ -1,0 +1,74 @@
+"""The suite's own rules that a reader cannot see from one file: every module that needs the
+host (a test marked `criu`, `sglang` or `gpu`) is in xdist's "host" group, so that `make test`
+runs such modules on one worker, one test after another (tests/conftest.py says why)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+HOST_MARKS = {"criu", "sglang", "gpu"}
+GROUP = "host"
+
+
+def _marks_used(tree: ast.Module) -> set[str]:
+    """Names `x` of every `pytest.mark.x` the module mentions."""
+    return {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "mark"
+        and isinstance(node.value.value, ast.Name)
+        and node.value.value.id == "pytest"
+    }
+
+
+def _module_groups(tree: ast.Module) -> set[str]:
+    """The groups of every `pytest.mark.xdist_group(NAME)` in the module's own `pytestmark`."""
+    groups: set[str] = set()
+    for stmt in tree.body:
+        if not (
+            isinstance(stmt, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in stmt.targets)
+        ):
+            continue
+        for node in ast.walk(stmt.value):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "xdist_group"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
+                groups.add(str(node.args[0].value))
+    return groups
+
+
+def test_every_module_that_needs_the_host_is_in_the_host_group() -> None:
+    modules = sorted(TESTS.rglob("test_*.py"))
+    assert len(modules) > 50  # the walk found the suite
+    forgotten, seen = [], 0
+    for path in modules:
+        tree = ast.parse(path.read_text(), str(path))
+        marks = _marks_used(tree) & HOST_MARKS
+        if not marks:
+            continue
+        seen += 1
+        if GROUP not in _module_groups(tree):
+            forgotten.append(f"{path.relative_to(TESTS)} (marks {', '.join(sorted(marks))})")
+    assert seen > 10  # the suite's host-bound modules were recognised
+    assert not forgotten, (
+        f'add pytest.mark.xdist_group("{GROUP}") to the module\'s pytestmark: '
+        + "; ".join(forgotten)
+    )
+
+
+def test_the_check_reads_marks_and_groups() -> None:
+    """The two readers above on a module that uses a host mark with and without the group."""
+    marked = ast.parse("import pytest\n@pytest.mark.criu\ndef test_x(): pass\n")
+    grouped = ast.parse('import pytest\npytestmark = [pytest.mark.xdist_group("host")]\n')
+    assert _marks_used(marked) == {"criu"}
+    assert _module_groups(marked) == set()
+    assert _module_groups(grouped) == {"host"}
