@@ -22,16 +22,15 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import psutil
+from _common import at_least_one, capture_request, host_problem, tiny_llama, work_dir
 
 from coldsnap.artifacts._sources import SOURCES_ROOT
 from coldsnap.cli._demo import (
@@ -39,11 +38,10 @@ from coldsnap.cli._demo import (
     capture,
     cold_start,
     first_answer,
-    ready_host,
     restore_to_first_answer,
 )
 from coldsnap.engines.sglang import free_port
-from coldsnap.machine import CaptureRequest, ModelRef, RestoreRequest
+from coldsnap.machine import ModelRef, RestoreRequest
 
 COLDSNAP = Path(sys.executable).with_name("coldsnap")
 MODES = ("cli-no-record", "cli-record")
@@ -54,31 +52,15 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3, help="timed runs of each kind")
     parser.add_argument("--json", type=Path, help="write every measurement here")
     args = parser.parse_args()
-    if args.runs < 1:
-        parser.error("--runs must be at least 1")
-    problem = ready_host()
-    if problem:
-        print(f"bench_cli_restore: {problem}", file=sys.stderr)
+    at_least_one(parser, "--runs", args.runs)
+    if host_problem("bench_cli_restore"):
         return 2
-    from coldsnap.tiny_models import build_model
-
-    root = Path(tempfile.mkdtemp(prefix="bench-cli-restore-", dir="/var/tmp"))
-    store = root / "store"
     rows: list[dict[str, Any]] = []
-    try:
-        info = build_model(root / "model", arch="llama", size="tiny", seed=0)
-        model = ModelRef(id="bench-tiny-llama", revision="seed0", path=str(info.path))
+    with work_dir("bench_cli_restore") as root:
+        store = root / "store"
+        info, model = tiny_llama(root)
         reference = cold_start(info.path, root / "logs" / "cold-ref.log")
-        request = CaptureRequest(
-            driver="n610",
-            provider="native",
-            model=model,
-            engine="sglang",
-            name="tiny",
-            workdir=str(root / "capture"),
-            store=str(store),
-        )
-        capture(request)
+        capture(capture_request(root, model, "n610", "native", "tiny"))
         _in_process(root, model, "warmup", reference.tokens)
         for run in range(args.runs):
             row: dict[str, Any] = {"run": run}
@@ -100,8 +82,6 @@ def main() -> int:
         _report(rows)
         if args.json:
             args.json.write_text(json.dumps(rows, indent=1))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
     return 0
 
 

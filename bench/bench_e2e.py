@@ -25,19 +25,19 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _common import at_least_one, capture_request, host_problem, load, tiny_llama, work_dir
 
 from coldsnap.cli._demo import (
     DemoError,
     capture,
     cold_start,
-    ready_host,
     restore_to_first_answer,
 )
-from coldsnap.machine import CaptureRequest, ModelRef, RestoreRequest
+from coldsnap.machine import ModelRef, RestoreRequest
 
 DRIVERS = ("n610", "n580")
 
@@ -53,10 +53,6 @@ def drop_caches() -> str | None:
     return None
 
 
-def load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="timed rounds per cache condition")
@@ -68,37 +64,23 @@ def main() -> int:
     )
     parser.add_argument("--json", type=Path, help="write every measurement here")
     args = parser.parse_args()
-    if args.runs < 1:
-        parser.error("--runs must be at least 1")
+    at_least_one(parser, "--runs", args.runs)
     drivers = tuple(d for d in args.drivers.split(",") if d)
     if not drivers or set(drivers) - set(DRIVERS):
         parser.error(f"--drivers: {args.drivers!r} is not a subset of {','.join(DRIVERS)}")
 
-    problem = ready_host()
-    if problem:
-        print(f"bench_e2e: {problem}", file=sys.stderr)
+    if host_problem("bench_e2e"):
         return 2
-    from coldsnap.tiny_models import build_model
-
-    root = Path(tempfile.mkdtemp(prefix="bench-e2e-", dir="/var/tmp"))
-    print(f"bench_e2e: work dir {root}; load average at start {load()}; {os.cpu_count()} cpus")
-    print(f"code: {_revision()}")
-    results: dict[str, Any] = {"load_start": os.getloadavg(), "runs": args.runs, "rows": []}
-    try:
-        info = build_model(root / "model", arch="llama", size=args.size, seed=0)
-        model = ModelRef(id=f"bench-{args.size}-llama", revision="seed0", path=str(info.path))
+    with work_dir("bench_e2e") as root:
+        print(f"code: {_revision()}")
+        results: dict[str, Any] = {"load_start": os.getloadavg(), "runs": args.runs, "rows": []}
+        info, model = tiny_llama(root, args.size)
         print(f"model: llama {args.size}, {info.weight_bytes / 1e6:.1f} MB of bf16 weights")
         reference = cold_start(info.path, root / "logs" / "cold-ref.log")
         print(f"reference cold start (untimed warm-up): {reference.seconds:.2f} s")
         for driver in drivers:
-            request = CaptureRequest(
-                driver=driver,
-                provider=args.provider,
-                model=model,
-                engine="sglang",
-                name=driver,
-                workdir=str(root / f"capture-{driver}"),
-                store=str(root / "store"),
+            request = capture_request(
+                root, model, driver, args.provider, driver, workdir=f"capture-{driver}"
             )
             started = time.perf_counter()
             receipt = capture(request)
@@ -151,8 +133,6 @@ def main() -> int:
         print(f"load average at end {load()}")
         if args.json:
             args.json.write_text(json.dumps(results, indent=1, default=_plain))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
     return 0
 
 

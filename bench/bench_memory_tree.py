@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from _common import load, tiny_llama, work_dir
 
 from coldsnap.backends.procs import tree_pids
 from coldsnap.cli._demo import start_plain_server, wait_first_answer
@@ -69,11 +69,8 @@ def main() -> int:
     parser.add_argument("--size", default="tiny", choices=("tiny", "small"))
     parser.add_argument("--trim", action="store_true", help="malloc_trim(0) in each process")
     args = parser.parse_args()
-    from coldsnap.tiny_models import build_model
-
-    root = Path(tempfile.mkdtemp(prefix="bench-memtree-", dir="/var/tmp"))
-    try:
-        info = build_model(root / "model", arch="llama", size=args.size, seed=0)
+    with work_dir("bench_memory_tree") as root:
+        info, _ = tiny_llama(root, args.size)
         print(f"model: llama {args.size}, {info.weight_bytes / 1e6:.1f} MB of weights")
         server = start_plain_server(info.path, root / "server.log")
         try:
@@ -94,9 +91,7 @@ def main() -> int:
                 print(f"  returned {(before - after) / MIB:.0f} MiB")
         finally:
             server.stop()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load average {load()}")
     return 0
 
 

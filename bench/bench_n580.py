@@ -18,20 +18,19 @@ log every 5 ms; a phase is the offset of its first matching line from the restor
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from coldsnap.cli._demo import DemoError, capture, cold_start, ready_host, restore_to_first_answer
+from _common import at_least_one, capture_request, host_problem, load, tiny_llama, work_dir
+
+from coldsnap.cli._demo import DemoError, capture, cold_start, restore_to_first_answer
 from coldsnap.engines.sglang import SGLangLauncher
-from coldsnap.machine import CaptureRequest, ModelRef, RestoreRequest
+from coldsnap.machine import ModelRef, RestoreRequest
 
 # (label, regular expression) in the order SGLang reaches them; the first match counts.
 MARKERS: tuple[tuple[str, str], ...] = (
@@ -106,26 +105,15 @@ def main() -> int:
         "--compare-warmup", action="store_true", help="also restore with SGLang's server warmup"
     )
     args = parser.parse_args()
-    if args.runs < 1:
-        parser.error("--runs must be at least 1")
-    problem = ready_host()
-    if problem:
-        print(f"bench_n580: {problem}", file=sys.stderr)
+    at_least_one(parser, "--runs", args.runs)
+    if host_problem("bench_n580"):
         return 2
-    from coldsnap.tiny_models import build_model
-
-    root = Path(tempfile.mkdtemp(prefix="bench-n580-", dir="/var/tmp"))
-    print(f"bench_n580: work dir {root}; load average {_load()}; {os.cpu_count()} cpus")
-    try:
-        info = build_model(root / "model", arch="llama", size="tiny", seed=0)
-        model = ModelRef(id="bench-tiny-llama", revision="seed0", path=str(info.path))
+    with work_dir("bench_n580", keep=args.keep) as root:
+        info, model = tiny_llama(root)
         reference = cold_start(info.path, root / "cold-ref.log")
         print(f"reference cold start (warm-up): {reference.seconds:.2f} s")
         started = time.perf_counter()
-        receipt = capture(
-            CaptureRequest(driver="n580", provider=args.provider, model=model, engine="sglang",
-                           name="n580", workdir=str(root / "capture"), store=str(root / "store"))
-        )  # fmt: skip
+        receipt = capture(capture_request(root, model, "n580", args.provider, "n580"))
         captured = time.perf_counter() - started
         print(
             f"capture {captured:.2f} s ({captured / reference.seconds:.2f}x the warm-up cold "
@@ -137,7 +125,7 @@ def main() -> int:
             _restore(root, model, args.provider, f"first-{variant}", reference.tokens, variant)
         rows: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
         for run in range(args.runs):
-            load = _load()
+            load_now = load()
             cold = cold_start(info.path, root / f"cold-{run}.log")
             if cold.tokens != reference.tokens:
                 raise DemoError(f"cold starts disagree: {cold.tokens}")
@@ -145,21 +133,16 @@ def main() -> int:
             for variant in order:
                 row = _restore(root, model, args.provider, f"{run}-{variant}", reference.tokens,
                                variant)  # fmt: skip
-                row.update(cold=cold.seconds, load=load)
+                row.update(cold=cold.seconds, load=load_now)
                 rows[variant].append(row)
             print(
                 f"  run {run}: cold {cold.seconds:6.2f} s  "
                 + "  ".join(f"{v} {rows[v][-1]['seconds']:5.2f} s" for v in variants)
-                + f"  (load {load})"
+                + f"  (load {load_now})"
             )
         for variant in variants:
             _report(variant, rows[variant], captured)
-        print(f"load average at end {_load()}")
-    finally:
-        if args.keep:
-            print(f"kept {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+        print(f"load average at end {load()}")
     return 0
 
 
@@ -222,10 +205,6 @@ def _report(variant: str, rows: list[dict[str, Any]], captured: float) -> None:
 
 def _steps(timings: dict[str, float]) -> str:
     return ", ".join(f"{n} {s:.2f}" for n, s in timings.items() if s > 0.01)
-
-
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":

@@ -24,10 +24,11 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _common import at_least_one, capture_request, host_problem, load, tiny_llama, work_dir
 
 from coldsnap.backends.procs import tree_pids
 from coldsnap.cli._demo import (
@@ -35,12 +36,11 @@ from coldsnap.cli._demo import (
     capture,
     first_answer,
     plain_command,
-    ready_host,
     restore_to_first_answer,
     start_plain_server,
     wait_first_answer,
 )
-from coldsnap.machine import CaptureRequest, ModelRef, RestoreRequest
+from coldsnap.machine import ModelRef, RestoreRequest
 
 METRICS = (
     ("output_throughput", "output tok/s", True),
@@ -116,31 +116,13 @@ def main() -> int:
     parser.add_argument("--output-len", type=int, default=16)
     parser.add_argument("--json", type=Path, help="write every measurement here")
     args = parser.parse_args()
-    if args.rounds < 1:
-        parser.error("--rounds must be at least 1")
-    problem = ready_host()
-    if problem:
-        print(f"bench_serving: {problem}", file=sys.stderr)
+    at_least_one(parser, "--rounds", args.rounds)
+    if host_problem("bench_serving"):
         return 2
-    from coldsnap.tiny_models import build_model
-
-    root = Path(tempfile.mkdtemp(prefix="bench-serving-", dir="/var/tmp"))
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"bench_serving: work dir {root}; load average at start {load}; {os.cpu_count()} cpus")
     rows: list[dict[str, Any]] = []
-    try:
-        info = build_model(root / "model", arch="llama", size="tiny", seed=0)
-        model = ModelRef(id="bench-tiny-llama", revision="seed0", path=str(info.path))
-        request = CaptureRequest(
-            driver="n610",
-            provider="native",
-            model=model,
-            engine="sglang",
-            name="n610",
-            workdir=str(root / "capture"),
-            store=str(root / "store"),
-        )
-        receipt = capture(request)
+    with work_dir("bench_serving") as root:
+        info, model = tiny_llama(root)
+        receipt = capture(capture_request(root, model, "n610", "native", "n610"))
         print(f"captured n610: image {receipt.facts.get('image_bytes', 0) / 1e6:.1f} MB")
         expected: tuple[int, ...] | None = None
         for r in range(args.rounds):
@@ -157,10 +139,7 @@ def main() -> int:
         summary = _report(rows)
         if args.json:
             args.json.write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))
-        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-        print(f"load average at end {load}")
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+        print(f"load average at end {load()}")
     return 0
 
 
