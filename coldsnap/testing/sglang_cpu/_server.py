@@ -19,7 +19,13 @@ import httpx
 from coldsnap._errors import OperationError
 from coldsnap.backends import launch
 from coldsnap.engines.sglang import free_port
-from coldsnap.engines.sglang.cpu import CPU_ARGS, check_cpu_install, check_overlay, cpu_env
+from coldsnap.engines.sglang.cpu import (
+    CPU_ARGS,
+    OverlayError,
+    check_cpu_install,
+    check_overlay,
+    cpu_env,
+)
 
 # The SGLang releases the CPU tests serve: the venv's own, and overlays made by scripts/setup.sh
 # (directory under the venv, None for the venv's own).
@@ -42,7 +48,7 @@ def release_overlay(release: str) -> Path | None:
     path = Path(sys.prefix) / name
     try:
         return check_overlay(path)
-    except Exception as exc:
+    except OverlayError as exc:
         raise ReleaseNotInstalled(f"release {release!r}: {exc}") from None
 
 
