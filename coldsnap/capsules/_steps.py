@@ -49,7 +49,7 @@ from coldsnap.artifacts import (
     record_digest,
     to_json,
 )
-from coldsnap.machine import Engine, StepContext
+from coldsnap.machine import Engine, LifecycleRequest, StepContext
 from coldsnap.machine import steps as s
 from coldsnap.plugin import plugin_digest
 
@@ -241,9 +241,13 @@ class StoreArtifacts:
 
     def discard_layout(self, ctx: StepContext) -> None:
         """Undoes admit: removes the image and payload it laid out under the workdir (hard
-        links or copies; the store's objects stay). Idempotent."""
+        links or copies; the store's objects stay); in a stop, under its target's workdir.
+        Idempotent."""
+        root = ctx.workdir
+        if isinstance(ctx.request, LifecycleRequest):
+            root = Path(ctx.request.target)
         for sub in (LAYOUT_IMAGE, LAYOUT_PAYLOAD):
-            shutil.rmtree(ctx.workdir / sub, ignore_errors=True)
+            shutil.rmtree(root / sub, ignore_errors=True)
 
     def _runtime(self, ctx: StepContext, captured: Identity) -> Identity:
         """This host's identity: the captured model, with what this host decides itself."""

@@ -10,8 +10,11 @@ from typing import Any
 
 import click
 
+from coldsnap.machine import Receipt
+
 from . import _events, _schema, _serving, _sleep
-from ._errors import reported
+from ._errors import finish, reported
+from ._operations import print_event
 
 
 def _debug() -> bool:
@@ -24,8 +27,10 @@ def _line(name: str | None, state: dict[str, Any]) -> str:
     if state["running"] and not state["listening"]:
         running += " (not listening yet)"
     parts = [name or state["workdir"], running]
-    if state["running"] and state.get("sleep") == "asleep":
-        parts.append("asleep (coldsnap wake)")
+    if state["running"] and state.get("sleep") != "awake":
+        parts.append(f"{state['sleep']} (coldsnap wake)")
+    if state.get("pending"):
+        parts.append(f"unfinished: coldsnap resume {state['pending']}")
     if state.get("url"):
         parts.append(f"url {state['url']}")
     if state.get("pid"):
@@ -56,19 +61,57 @@ def status(target: str | None, as_json: bool) -> None:
         click.echo(_line(row["name"], row))
 
 
-@click.command("stop")
-@click.argument("target", metavar="NAME|WORKDIR")
-def stop(target: str) -> None:
-    """Stop an engine a restore left serving: its whole process tree, its runtime dir and
-    its serving record; the workdir (journal, receipt, logs) stays. Holds the workdir's lock."""
+def _run(operation: str, target: str, as_json: bool) -> tuple[Receipt, str]:
+    """Runs `operation` on the engine `target` names, printing each ended step (or one JSON
+    event per line); returns the receipt and what to call the engine."""
     with reported(_debug):
         workdir, name = _serving.workdir_of(target)
-        done = _serving.stop(workdir)
+        printer = _events.print_json_event if as_json else print_event
+        if operation == "stop":
+            receipt = _serving.stop(workdir, [printer])
+        else:
+            receipt = _sleep.run(operation, workdir, [printer])
+    return receipt, name or str(workdir)
+
+
+def _already(target: str, operation: str) -> str | None:
+    """Why `operation` has nothing to do on `target` (an engine stopped, asleep or awake
+    already), or None."""
+    with reported(_debug):
+        workdir, name = _serving.workdir_of(target)
+        ops = _sleep.operations(workdir)
     what = name or str(workdir)
-    if done["was_running"]:
-        click.echo(f"stopped {what} (pid {done['pid']}, {done['url']})")
-    else:
-        click.echo(f"{what} was not running (pid {done['pid']})")
+    if _sleep.stopped(ops):
+        return f"{what} was stopped"
+    state = _sleep.sleep_state(ops)
+    if operation == "sleep" and state == "asleep":
+        return f"{what} was already asleep"
+    if operation == "wake" and state == "awake":
+        return f"{what} was awake"
+    return None
+
+
+def _end(receipt: Receipt, as_json: bool, line: str, extra: dict[str, Any]) -> None:
+    if receipt.ok and not as_json:
+        click.echo(line)
+        return
+    finish(receipt, extra if receipt.ok else None, events=as_json)
+
+
+@click.command("stop")
+@click.argument("target", metavar="NAME|WORKDIR")
+@click.option("--json", "as_json", is_flag=True, help="One JSON event per line.")
+def stop(target: str, as_json: bool) -> None:
+    """Stop an engine a restore left serving: its whole process tree, its runtime dir, what
+    the driver left beside it and its serving record; the workdir (journal, receipt, logs)
+    stays. Journaled in WORKDIR/ops/stop-N (`coldsnap resume` finishes one interrupted)."""
+    already = _already(target, "stop")
+    if already is not None:
+        click.echo(already)
+        return
+    receipt, what = _run("stop", target, as_json)
+    pid = receipt.facts.get("engine_pid")
+    _end(receipt, as_json, f"stopped {what} (pid {pid})", {"pid": pid})
 
 
 def _mib(n: int | None) -> str:
@@ -77,45 +120,40 @@ def _mib(n: int | None) -> str:
 
 @click.command("sleep")
 @click.argument("target", metavar="NAME|WORKDIR")
-@click.option("--json", "as_json", is_flag=True, help="JSON instead of text.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON event per line.")
 def sleep(target: str, as_json: bool) -> None:
     """Release a restored engine's weights and KV cache through the plugin's release path: the
     server stays up, requests wait (health says 503), the memory is freed. `wake` gives it
-    back."""
-    with reported(_debug):
-        workdir, name = _serving.workdir_of(target)
-        done = _sleep.sleep(workdir)
-    if as_json:
-        click.echo(json.dumps(done))
+    back. Journaled in WORKDIR/ops/sleep-N; a failure after the release resumes them."""
+    already = _already(target, "sleep")
+    if already is not None:
+        click.echo(already)
         return
-    what = name or str(workdir)
-    if done["already"]:
-        click.echo(f"{what} was already asleep")
-        return
-    device = "" if done["device_freed"] is None else f", device {_mib(done['device_freed'])}"
-    click.echo(
-        f"{what} asleep: released {_mib(done['host_bytes'])} of host weight pages{device}; "
-        f"resident {_mib(done['rss_before'])} -> {_mib(done['rss_after'])}; "
-        f"{done['seconds']:.3f} s; wake it with: coldsnap wake {what}"
+    receipt, what = _run("sleep", target, as_json)
+    done = _sleep.sleep_summary(receipt)
+    device = "" if done.get("device_freed") is None else f", device {_mib(done['device_freed'])}"
+    _end(
+        receipt,
+        as_json,
+        f"{what} asleep: released {_mib(done.get('host_bytes'))} of host weight pages{device}; "
+        f"{receipt.seconds:.3f} s; wake it with: coldsnap wake {what}",
+        {"sleep_record": done},
     )
 
 
 @click.command("wake")
 @click.argument("target", metavar="NAME|WORKDIR")
-@click.option("--json", "as_json", is_flag=True, help="JSON instead of text.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON event per line.")
 def wake(target: str, as_json: bool) -> None:
     """Refill a sleeping engine's weights from where its restore took them (the capsule's
-    payload or the pinned checkpoint) through the plugin's resume path; wait until it is
-    healthy."""
-    with reported(_debug):
-        workdir, name = _serving.workdir_of(target)
-        done = _sleep.wake(workdir)
-    if as_json:
-        click.echo(json.dumps(done))
+    payload, verified again, or the pinned checkpoint) through the plugin's resume path; wait
+    until it is healthy. Journaled in WORKDIR/ops/wake-N; a failure leaves it asleep."""
+    already = _already(target, "wake")
+    if already is not None:
+        click.echo(already)
         return
-    what = name or str(workdir)
-    click.echo(f"{what} was awake" if done["already"] else
-               f"{what} awake in {done['seconds']:.3f} s")  # fmt: skip
+    receipt, what = _run("wake", target, as_json)
+    _end(receipt, as_json, f"{what} awake in {receipt.seconds:.3f} s", {})
 
 
 @click.command("schema")

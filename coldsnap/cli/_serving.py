@@ -15,9 +15,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
-import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,19 +25,23 @@ from attrs import asdict, frozen
 
 from coldsnap._atomic import write_json_atomic
 from coldsnap._errors import OperationError
-from coldsnap.backends import stop_tree
 from coldsnap.backends.procs import running
-from coldsnap.engines.sglang import RUNTIME_ROOT
-from coldsnap.machine import JOURNAL_NAME, JournalError, Replay, RequestError, read_journal
-from coldsnap.machine._journal import workdir_lock
+from coldsnap.machine import (
+    JOURNAL_NAME,
+    JournalError,
+    Receipt,
+    Replay,
+    RequestError,
+    StepEvent,
+    read_journal,
+)
 from coldsnap.machine._receipt import RECEIPT_NAME
+
+from . import _sleep
 
 SERVING_ENV = "COLDSNAP_SERVING_DIR"
 DEFAULT_SERVING_DIR = Path("/run/coldsnap/serving")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_STOP_TIMEOUT_S = 30.0
-LAID_OUT = ("image", "payload")
-"""What admit laid out in a restore's workdir: the capsule's files, as hard links."""
 
 
 class ServingError(OperationError):
@@ -157,42 +160,27 @@ def state(workdir: Path) -> dict[str, Any]:
     out["capsule_digest"] = facts.get("capsule_digest")
     out["running"] = engine_alive(pid, runtime)
     out["listening"] = out["running"] and listening(url)
-    out["sleep"] = "asleep" if (workdir / "asleep.json").exists() else "awake"
-    if (workdir / "stopped.json").exists():
-        out["stopped"] = json.loads((workdir / "stopped.json").read_text()).get("at")
+    ops = _sleep.operations(workdir)
+    out["sleep"] = _sleep.sleep_state(ops)
+    out["stopped"] = _sleep.stopped(ops)
+    pending = next((op for op in reversed(ops) if op.outcome is None), None)
+    out["pending"] = None if pending is None else str(pending.workdir)
     return out
 
 
-def stop(workdir: Path) -> dict[str, Any]:
-    """Stops the engine a restore in `workdir` left serving (its whole process tree), removes
-    its runtime dir, the capsule's files laid out in the workdir and the serving records naming
-    the workdir; holds the workdir's lock.
-    Idempotent: an engine already gone is reported as such."""
-    with workdir_lock(workdir):
-        done = receipt(workdir)
-        if done is None:
-            raise ServingError(f"{workdir}: no receipt, so no engine that this workdir started")
-        facts = done.get("facts") or {}
-        pid, runtime = facts.get("engine_pid"), facts.get("runtime_dir")
-        was_running = engine_alive(pid, runtime)
-        if was_running:
-            stop_tree(int(pid), _STOP_TIMEOUT_S)
-            if engine_alive(pid, runtime):
-                raise ServingError(f"engine pid {pid} still runs after {_STOP_TIMEOUT_S} s")
-        if runtime and Path(runtime).parent == RUNTIME_ROOT:
-            shutil.rmtree(runtime, ignore_errors=True)
-        for laid_out in LAID_OUT:  # hard links that would keep the store's bytes after its gc
-            shutil.rmtree(workdir / laid_out, ignore_errors=True)
+def stop(workdir: Path, subscribers: Iterable[Callable[[StepEvent], None]] = ()) -> Receipt:
+    """Stops the engine a restore in `workdir` left serving through the Machine (the driver's
+    stop spec: its whole process tree, its runtime dir and what the driver left beside it, the
+    capsule's files laid out in the workdir); once that is done, forgets the serving records
+    naming the workdir. The workdir (journal, receipt, logs) stays."""
+    receipt = _sleep.run("stop", workdir, subscribers)
+    if receipt.ok:
         forget(workdir)
-        at = time.time()
-        write_json_atomic(workdir / "stopped.json", {"at": at, "pid": pid})
-    return {"workdir": str(workdir), "pid": pid, "was_running": was_running, "url":
-            facts.get("engine_url")}  # fmt: skip
+    return receipt
 
 
 __all__ = [
     "DEFAULT_SERVING_DIR",
-    "RUNTIME_ROOT",
     "SERVING_ENV",
     "Serving",
     "ServingError",

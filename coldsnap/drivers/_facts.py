@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coldsnap.machine import RETIRE, Step, fact
+from coldsnap.machine import RETIRE, Fact, Step, fact
 from coldsnap.machine import steps as s
 
 DUMP_SECONDS = fact("dump_seconds", "seconds CRIU took to dump")
@@ -16,4 +16,31 @@ RETIRE_SOURCE = Step(
     when=RETIRE,
     on_interrupt="retry",
     needs=(s.ENGINE_PID,),
+)
+
+
+def stop_engine(*uses: Fact) -> Step:
+    """The stop operation's step of a driver that reads `uses` (beside the engine's pid) to
+    find what it must remove."""
+    return Step(
+        "stop_engine",
+        "driver.stop_engine",
+        "stop the engine's whole process tree (a PID another process took since is not "
+        "signalled), then remove its runtime dir (and an n580 template's control dir) and CRIU's "
+        "restore work dir in the target's workdir",
+        no_compensation="stopping is what was asked; a restore brings the engine back",
+        on_interrupt="retry",
+        timeout_s=120.0,
+        needs=(s.ENGINE_PID,),
+        uses=uses,
+    )
+
+
+DISCARD_LAYOUT = Step(
+    "discard_layout",
+    "artifacts.discard_layout",
+    "remove the capsule's files admit laid out in the target's workdir: hard links that would "
+    "keep the store's bytes after its gc",
+    no_compensation="the store keeps the capsule; a restore lays its files out again",
+    on_interrupt="retry",
 )

@@ -20,7 +20,7 @@ import psutil
 
 from coldsnap.backends import Criu, Launched, become_subreaper, launch, reap_children, stop_tree
 from coldsnap.backends.procs import pid_exists, running, tree_pids
-from coldsnap.machine import LaunchCommand, StepContext
+from coldsnap.machine import LaunchCommand, LifecycleRequest, StepContext
 
 HOST_ROOT = Path("/run/coldsnap")
 """Where engines' runtime dirs and templates' control dirs live: the only place outside the
@@ -127,6 +127,27 @@ def restored_root(workdir: Path, belongs: Belongs) -> int | None:
     except (OSError, ValueError, psutil.Error):
         return None
     return pid if ours else None
+
+
+def operation_dir(ctx: StepContext) -> Path:
+    """The workdir of the operation that started or restored the processes a step acts on:
+    for a stop (or another lifecycle operation) its target's, where CRIU's restore work dir
+    lies; otherwise the step's own."""
+    if isinstance(ctx.request, LifecycleRequest):
+        return Path(ctx.request.target)
+    return ctx.workdir
+
+
+def still_ours(ctx: StepContext, pid: int | None, belongs: Belongs) -> int | None:
+    """`pid` when it may be signalled: always within the operation that started it; for a
+    lifecycle operation (a stop long after the restore) only while the process still
+    `belongs` to that engine, since its PID may have been taken by another process since."""
+    if pid is None or not isinstance(ctx.request, LifecycleRequest):
+        return pid
+    try:
+        return pid if belongs(psutil.Process(pid)) else None
+    except (psutil.Error, OSError):
+        return None
 
 
 def runtime_dirs_of(pid: int | None) -> set[str]:

@@ -143,7 +143,7 @@ def test_capture_your_own_server_restore_it_on_your_port_then_stop_and_gc(
 
         slept = _cli("sleep", "--json", "tiny", marker=marker, env=serving)
         assert slept.returncode == 0, slept.stdout + slept.stderr[-2000:]
-        freed = json.loads(slept.stdout)
+        freed = json.loads(slept.stdout.strip().splitlines()[-1])["result"]["sleep_record"]
         assert freed["host_bytes"] > 0 and freed["healthy_while_asleep"] is False, freed
         asleep = json.loads(_cli("status", "--json", "tiny", marker=marker, env=serving).stdout)
         assert asleep["sleep"] == "asleep" and asleep["running"], asleep

@@ -80,7 +80,7 @@ if "--sglang" in sys.argv:  # SGLang imported and its contracts digested once, b
 
 
 def operate(mode, arg):
-    if mode in ("resume", "stop"):
+    if mode == "resume" or (mode == "stop" and Path(arg).is_dir()):
         machine = Machine.for_request(read_journal(Path(arg) / "journal.jsonl")[0].request)
         if mode == "stop":
             machine.stop(_read_receipt(Path(arg)))
@@ -489,6 +489,71 @@ def test_real_sglang_killed_and_resumed_ends_clean(
         finally:
             sglang_zygote.run("stop", workdir)
     _check_clean(sglang_zygote, workdir, facts, seen, files=outcome != "done")
+
+
+# -- real SGLang: sleep, wake and stop of a restored engine, each killed once and resumed ---------
+
+
+@pytest.mark.sglang
+def test_real_sglang_sleep_wake_and_stop_killed_and_resumed(
+    root: Path, sglang_zygote: Zygote
+) -> None:
+    """Each lifecycle operation is journaled like a restore: killed at a step, `resume` ends
+    it. A sleep killed at its release rolls back (the engine serves again, answering as
+    before); a wake killed at its weights' resume rolls back to asleep (health closed); a stop
+    killed at its one step is retried and leaves nothing behind."""
+    from coldsnap.cli._sleep import operations, sleep_state
+    from coldsnap.engines import EngineClient
+    from coldsnap.engines.sglang import SGLANG_POLICY
+    from coldsnap.machine import lifecycle_request
+    from coldsnap.tiny_models import build_model
+
+    from .conftest import answers as sglang_answers
+    from .conftest import model_ref
+    from .conftest import restore_request as sglang_restore
+
+    base = root / "sglang"
+    if "real" not in Store(base / "store").tags():
+        pytest.skip("the real capture case did not publish its capsule")
+    model = model_ref(build_model(base / "tiny-llama", arch="llama", size="tiny", seed=0).path)
+    request = sglang_restore(base, model, "n610", PROVIDER, "real", "res-lifecycle")
+    assert sglang_zygote.request("restore", request).result()["outcome"] == "done"
+    target = Path(request.workdir)
+    (target / "ops").mkdir()
+    facts = _facts(target)
+    url = facts["engine_url"]
+    expected = sglang_answers(url)
+
+    def killed_then_resumed(operation: str, step: str) -> str:
+        op = lifecycle_request(operation, target)
+        _kill_at(sglang_zygote, op, step)
+        return str(sglang_zygote.run("resume", Path(op.workdir))["outcome"])
+
+    def healthy() -> bool:
+        with EngineClient(url, SGLANG_POLICY) as client:
+            return client.health(once=True)
+
+    try:
+        assert killed_then_resumed("sleep", "release") == "rolled_back"
+        assert sleep_state(operations(target)) == "awake" and healthy()
+        assert sglang_answers(url) == expected, "a rolled-back sleep left the engine changed"
+
+        asleep = lifecycle_request("sleep", target)
+        assert sglang_zygote.request("sleep", asleep).result()["outcome"] == "done"
+        assert killed_then_resumed("wake", "resume_weights") == "rolled_back"
+        assert sleep_state(operations(target)) == "asleep" and not healthy()
+
+        woke = lifecycle_request("wake", target)
+        assert sglang_zygote.request("wake", woke).result()["outcome"] == "done"
+        assert sleep_state(operations(target)) == "awake"
+        assert sglang_answers(url) == expected, "after the wake the engine answers otherwise"
+
+        assert killed_then_resumed("stop", "stop_engine") == "done"
+    finally:
+        if not any(op.operation == "stop" and op.outcome == "done" for op in operations(target)):
+            sglang_zygote.run("stop", target)
+    assert not (target / "image").exists() and not (target / "payload").exists()
+    _check_clean(sglang_zygote, target, facts, set(), files=False)
 
 
 # -- the kill between a spawn and its journal record, made deterministic ---------------------------

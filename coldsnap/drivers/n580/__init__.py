@@ -13,6 +13,7 @@ from ._specs import (
     FORKSERVER_ADDRESS,
     IMPORT_SECONDS,
     RESTORE,
+    STOP,
     TEMPLATE_ID,
     TEMPLATE_PID,
 )
@@ -34,6 +35,7 @@ def register(registry: Registry) -> None:
         "n580",
         capture=CAPTURE,
         restore=RESTORE,
+        stop=STOP,
         build=build,
         cls=N580Driver,
         doc="a context-free template restored, then the engine built around the weights",
@@ -46,6 +48,7 @@ __all__ = [
     "FORKSERVER_ADDRESS",
     "IMPORT_SECONDS",
     "RESTORE",
+    "STOP",
     "TEMPLATE_ID",
     "TEMPLATE_PID",
     "N580Driver",

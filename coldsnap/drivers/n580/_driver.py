@@ -27,8 +27,10 @@ from .._processes import (
     dump_live,
     find_roots,
     has_arg,
+    operation_dir,
     restored_root,
     runtime_dirs_of,
+    still_ours,
 )
 from ._template import RELEASE, STATUS
 
@@ -116,11 +118,14 @@ class N580Driver:
         orchestrator died between the spawn or the restore and its record) is found by its
         control dir or by CRIU's pidfile."""
         control = ctx.facts.get("control_dir")
+        pid = still_ours(ctx, pid, has_arg(control))
         if pid is None and ctx.request.operation == "restore":
             capsule_id = (ctx.facts.get("capsule") or {}).get("template_id")
             control = control or (str(self.control_root / capsule_id) if capsule_id else None)
             found = restored_root(ctx.workdir, has_arg(control))
             strays = [] if found is None else [found]
+        elif ctx.request.operation == "stop":
+            strays = []  # the target's receipt named the engine: nothing was left unjournaled
         else:
             strays = [] if pid else find_roots(has_arg(control))
         dirs = set().union(*(runtime_dirs_of(p) for p in [pid, *strays]))
@@ -129,7 +134,7 @@ class N580Driver:
         self.processes.stop(pid)
         self.processes.stop_strays(strays)
         discard_host_dirs(control, ctx.facts.get("runtime_dir"), *sorted(dirs))
-        discard_restore_work(ctx.workdir)
+        discard_restore_work(operation_dir(ctx))
 
     def check_context_free(self, ctx: StepContext) -> None:
         refuse_gpu_mappings(ctx.facts["template_pid"])

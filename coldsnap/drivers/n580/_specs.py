@@ -6,7 +6,7 @@ from __future__ import annotations
 from coldsnap.machine import Spec, Step, fact
 from coldsnap.machine import steps as s
 
-from .._facts import DUMP_SECONDS, RESTORE_SECONDS, RETIRE_SOURCE
+from .._facts import DISCARD_LAYOUT, DUMP_SECONDS, RESTORE_SECONDS, RETIRE_SOURCE, stop_engine
 
 TEMPLATE_PID = fact("template_pid", "PID of the template process")
 TEMPLATE_ID = fact(
@@ -25,7 +25,7 @@ _RELEASE = Step(
     "from the weight source)",
     compensation="driver.stop_engine",
     timeout_s=120.0,
-    needs=(CONTROL_DIR, TEMPLATE_PID),
+    needs=(CONTROL_DIR, TEMPLATE_PID, s.WEIGHT_SOURCE),
     makes=(s.ENGINE_PID, s.ENGINE_URL, s.RUNTIME_DIR),
 )
 
@@ -35,12 +35,14 @@ CAPTURE = Spec(
     "n580",
     doc="Snapshot a context-free template (heavy imports done, no CUDA) and the weight payload.",
     steps=[
+        s.CHOOSE_WEIGHTS,
         Step(
             "launch_template",
             "driver.launch_template",
             "start the template process and let it import the heavy modules",
             compensation="driver.stop_template",
             timeout_s=300.0,
+            needs=(s.WEIGHT_SOURCE,),
             makes=(TEMPLATE_PID, TEMPLATE_ID, CONTROL_DIR, s.ENGINE_LOG, IMPORT_SECONDS,
                    FORKSERVER_ADDRESS),
         ),
@@ -94,4 +96,14 @@ RESTORE = Spec(
         s.TP_BARRIER,
         s.ACCEPTANCE,
     ],
+)
+
+STOP = Spec(
+    "stop-n580",
+    "stop",
+    "n580",
+    doc="Stop the engine a restore (or a capture that kept its source) left running, with the "
+    "template's control directory, and remove what it left in the target's workdir.",
+    seeds=(s.ENGINE_PID, s.RUNTIME_DIR, s.CAPSULE, TEMPLATE_PID, CONTROL_DIR),
+    steps=[stop_engine(s.RUNTIME_DIR, s.CAPSULE, TEMPLATE_PID, CONTROL_DIR), DISCARD_LAYOUT],
 )

@@ -7,7 +7,7 @@ from typing import Any
 from coldsnap.machine import Engine, Registry
 
 from ._driver import N610Driver, default_cuda
-from ._specs import CAPTURE, CUDA_PIDS, RESTORE
+from ._specs import CAPTURE, CUDA_PIDS, RESTORE, STOP
 
 
 def build(request: Any, engine: Engine) -> N610Driver:
@@ -20,10 +20,20 @@ def register(registry: Registry) -> None:
         "n610",
         capture=CAPTURE,
         restore=RESTORE,
+        stop=STOP,
         build=build,
         cls=N610Driver,
         doc="the whole initialized process tree and its CUDA state (CRIU + CUDA checkpoint)",
     )
 
 
-__all__ = ["CAPTURE", "CUDA_PIDS", "RESTORE", "N610Driver", "build", "default_cuda", "register"]
+__all__ = [
+    "CAPTURE",
+    "CUDA_PIDS",
+    "RESTORE",
+    "STOP",
+    "N610Driver",
+    "build",
+    "default_cuda",
+    "register",
+]

@@ -26,7 +26,9 @@ from .._processes import (
     dump_live,
     env_is,
     find_roots,
+    operation_dir,
     restored_root,
+    still_ours,
 )
 
 IMAGE_DIR = "image"
@@ -103,18 +105,22 @@ class N610Driver:
         """Stops the engine, then removes its runtime dir and CRIU's restore work dir. An
         engine whose PID was never journaled (the orchestrator died between the spawn or the
         restore and its record) is found by its runtime dir or by CRIU's pidfile."""
-        pid = ctx.facts.get("engine_pid")
         runtime_dir = ctx.facts.get("runtime_dir")
         if ctx.request.operation == "restore":
             runtime_dir = runtime_dir or (ctx.facts.get("capsule") or {}).get("runtime_dir")
-            found = restored_root(ctx.workdir, env_is(RUNTIME_ENV, runtime_dir))
+        belongs = env_is(RUNTIME_ENV, runtime_dir)
+        pid = still_ours(ctx, ctx.facts.get("engine_pid"), belongs)
+        if ctx.request.operation == "restore":
+            found = restored_root(ctx.workdir, belongs)
             strays = [] if pid or found is None else [found]
+        elif ctx.request.operation == "stop":
+            strays = []  # the target's receipt named the engine: nothing was left unjournaled
         else:
-            strays = [] if pid else find_roots(env_is(RUNTIME_ENV, runtime_dir))
+            strays = [] if pid else find_roots(belongs)
         self.processes.stop(pid)
         self.processes.stop_strays(strays)
         discard_host_dirs(runtime_dir)
-        discard_restore_work(ctx.workdir)
+        discard_restore_work(operation_dir(ctx))
 
     def retire_source(self, ctx: StepContext) -> None:
         # The source is dumped (its state is in the sealed image) and quiesced: a graceful

@@ -6,7 +6,7 @@ from __future__ import annotations
 from coldsnap.machine import CUDA, Spec, Step, fact
 from coldsnap.machine import steps as s
 
-from .._facts import DUMP_SECONDS, RESTORE_SECONDS, RETIRE_SOURCE
+from .._facts import DISCARD_LAYOUT, DUMP_SECONDS, RESTORE_SECONDS, RETIRE_SOURCE, stop_engine
 
 CUDA_PIDS = fact(
     "cuda_pids", "PIDs of the engine's processes that hold a CUDA context", carried=True
@@ -21,12 +21,14 @@ CAPTURE = Spec(
     doc="Snapshot the whole initialized engine process tree and its CUDA state, without weights "
     "and KV cache.",
     steps=[
+        s.CHOOSE_WEIGHTS,
         Step(
             "launch_engine",
             "driver.launch_engine",
             "start the engine as a snapshotable process tree",
             compensation="driver.stop_engine",
             timeout_s=120.0,
+            needs=(s.WEIGHT_SOURCE,),
             makes=(s.ENGINE_PID, s.ENGINE_URL, s.ENGINE_LOG, s.RUNTIME_DIR),
         ),
         s.WAIT_HEALTHY,
@@ -117,4 +119,14 @@ RESTORE = Spec(
         s.WAIT_HEALTHY,
         s.ACCEPTANCE,
     ],
+)
+
+STOP = Spec(
+    "stop-n610",
+    "stop",
+    "n610",
+    doc="Stop the engine a restore (or a capture that kept its source) left running, and remove "
+    "what it left on the host and in the target's workdir.",
+    seeds=(s.ENGINE_PID, s.RUNTIME_DIR, s.CAPSULE),
+    steps=[stop_engine(s.RUNTIME_DIR, s.CAPSULE), DISCARD_LAYOUT],
 )

@@ -27,6 +27,7 @@ from ._launcher import (
     tp_size,
 )
 from ._policy import SGLANG_POLICY
+from ._specs import SLEEP, WAKE
 from ._steps import (
     GRAPH_SAVER_ENV,
     Identity,
@@ -73,6 +74,9 @@ def register(registry: Registry) -> None:
     registry.register_engine(
         "sglang",
         build=build,
+        sleep=SLEEP,
+        wake=WAKE,
+        cls=SGLangEngine,
         doc="SGLang with coldsnap's plugin (the memory saver on CUDA hosts; CPU platform "
         "elsewhere)",
     )

@@ -14,12 +14,11 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 from attrs import frozen
 
 from coldsnap._errors import DefinitionError
@@ -34,13 +33,15 @@ from coldsnap._wire import (
     write_plan,
 )
 from coldsnap.artifacts import Persisted, SourceMemo
+from coldsnap.backends.procs import running
 from coldsnap.engines import EngineClient, EngineError, EnginePolicy
-from coldsnap.machine import Launcher, StepContext
+from coldsnap.machine import Launcher, Skipped, StepContext
 from coldsnap.machine import steps as s
 
 from ._launcher import export_dir
 from ._policy import SGLANG_POLICY
 from ._ranks import RankReport, absent_ranks, census, extra_ranks, read_ranks
+from ._specs import SLEEP_RECORD
 
 Identity = Callable[[], tuple[str, str, str]]
 """() -> (engine name, version, contract digest): what the store binds into capsules."""
@@ -209,7 +210,7 @@ class SGLangEngine:
             }
             while True:
                 ctx.check()
-                if not _running(pid):
+                if not running(pid):
                     raise EngineError(
                         "wait_healthy",
                         f"the engine (pid {pid}) ended before it was ready{_log_tail(ctx)}",
@@ -286,7 +287,7 @@ class SGLangEngine:
     def resume_memory(self, ctx: StepContext) -> None:
         """Undoes release at capture: the weights come back from the model's own checkpoint.
         An engine whose process has ended holds nothing to give back."""
-        if not _running(int(ctx.facts[s.ENGINE_PID.name])):
+        if not running(int(ctx.facts[s.ENGINE_PID.name])):
             return
         draft = getattr(ctx.request, "draft", None)
         plan = ResumePlan(
@@ -307,7 +308,7 @@ class SGLangEngine:
 
     def recapture_graphs(self, ctx: StepContext) -> None:
         """Undoes destroy_graphs on a live engine (an ended one has no graphs to bring back)."""
-        if not _running(int(ctx.facts[s.ENGINE_PID.name])):
+        if not running(int(ctx.facts[s.ENGINE_PID.name])):
             return
         with self._client(ctx) as client:
             client.resume([CUDA_GRAPH])
@@ -318,10 +319,7 @@ class SGLangEngine:
         """Writes the provider's weight source as the resume plan, with a fresh seed for this
         restore (the same for every rank), then resumes the weights; the plugin hydrates the
         payload or reloads the pinned checkpoint before the call returns."""
-        seed = int.from_bytes(os.urandom(8), "little") >> 1
-        source = dict(ctx.facts[s.WEIGHT_SOURCE.name])
-        plan = plan_from({**source, "seed": seed}, where=f"weight source {source!r}")
-        write_plan(Path(ctx.facts[s.RUNTIME_DIR.name]), plan)
+        seed = self._write_plan(ctx, dict(ctx.facts[s.WEIGHT_SOURCE.name]))
         with self._client(ctx) as client, self._naming_ranks(ctx, "resume_weights"):
             client.resume([WEIGHTS])
         return {s.RESUME_SEED.name: seed}
@@ -330,6 +328,87 @@ class SGLangEngine:
         tags = [KV_CACHE, CUDA_GRAPH] if self.graphs else [KV_CACHE]
         with self._client(ctx) as client, self._naming_ranks(ctx, "resume_rest"):
             client.resume(tags)
+
+    # -- sleep and wake (coldsnap.engines.sglang._specs) ---------------------------------------
+
+    def sleep_release(self, ctx: StepContext) -> dict[str, Any]:
+        """Releases the KV cache and the weights of a running engine without a snapshot (the
+        plugin closes its health gate: requests wait). Then reads every scheduler's status
+        record: a rank whose release failed fails the step naming it; with `rank_reports` there
+        must be exactly the captured number of ranks, each reporting this release. Makes the
+        sleep record: per rank the host bytes returned to the kernel and the device bytes
+        measured freed (None where none was measured), and whether health answered while
+        asleep."""
+        runtime_dir = Path(ctx.facts[s.RUNTIME_DIR.name])
+        capsule = ctx.facts.get(s.CAPSULE.name) or {}
+        tp = int(capsule.get(s.TP_SIZE.name) or 1)
+        started = time.time()
+        with self._client(ctx) as client:
+            try:
+                client.release([KV_CACHE, WEIGHTS])
+            except EngineError as exc:
+                named = census(runtime_dir, tp, ctx.facts[s.ENGINE_PID.name])
+                raise EngineError("release", f"{exc}{named}") from exc
+            if self.rank_reports:
+                _check_rank_count(runtime_dir, tp, started, step="release")
+            ranks = _sleep_report(runtime_dir, started)
+            try:
+                healthy: bool | None = client.health(once=True)
+            except EngineError:
+                healthy = None  # neither 200 nor 503: reported as unknown
+        record = {
+            "at": started,
+            "ranks": ranks,
+            "host_bytes": sum(r["host_bytes"] for r in ranks.values()),
+            "device_freed": _sum_measured(r["device_freed"] for r in ranks.values()),
+            "exported": any(r["exported"] for r in ranks.values()),
+            "healthy_while_asleep": healthy,
+        }
+        return {SLEEP_RECORD.name: record}
+
+    def wake_in_place(self, ctx: StepContext) -> Skipped | None:
+        """Undoes a sleep's release: resumes whatever is still released, the weights refilled
+        from the weight source the engine was restored from, verified again as they are read
+        (never `preverified`: the files may have changed since). An engine whose process has
+        ended holds nothing to give back."""
+        if not running(int(ctx.facts[s.ENGINE_PID.name])):
+            return Skipped("the engine's process has ended: nothing to resume")
+        released = _released_tags(ctx, "wake_in_place")
+        if not released:
+            return Skipped("the engine reports nothing released")
+        if WEIGHTS in released:
+            source = ctx.facts.get(s.WEIGHT_SOURCE.name)
+            if not isinstance(source, dict):
+                raise EngineError(
+                    "wake_in_place",
+                    "the target's receipt names no weight source to refill the weights from",
+                )
+            self._write_plan(ctx, {**source, "preverified": False})
+        with self._client(ctx) as client, self._naming_ranks(ctx, "wake_in_place"):
+            for tag in (WEIGHTS, KV_CACHE):  # the weights first: KV is sized from them
+                if tag in released:
+                    client.resume([tag])
+        return None
+
+    def sleep_again(self, ctx: StepContext) -> Skipped | None:
+        """Undoes a wake's resume: releases again what the wake resumed, so that the engine is
+        left asleep (as it was before the wake) rather than half awake. An engine whose
+        process has ended holds nothing to release."""
+        if not running(int(ctx.facts[s.ENGINE_PID.name])):
+            return Skipped("the engine's process has ended: nothing to release")
+        released = _released_tags(ctx, "sleep_again")
+        tags = [t for t in (KV_CACHE, WEIGHTS) if t not in released]
+        if not tags:
+            return Skipped("the engine reports the weights and the KV cache released already")
+        with self._client(ctx) as client, self._naming_ranks(ctx, "sleep_again"):
+            client.release(tags)
+        return None
+
+    def _write_plan(self, ctx: StepContext, source: dict[str, Any]) -> int:
+        seed = int.from_bytes(os.urandom(8), "little") >> 1
+        plan = plan_from({**source, "seed": seed}, where=f"weight source {source!r}")
+        write_plan(Path(ctx.facts[s.RUNTIME_DIR.name]), plan)
+        return seed
 
     # -- ranks --------------------------------------------------------------------------------
 
@@ -424,10 +503,12 @@ def _rank_problem(report: RankReport, *, hydrated: bool) -> str | None:
     return None
 
 
-def _check_rank_count(runtime_dir: Path, tp: int, started: float) -> dict[str, int | None]:
+def _check_rank_count(
+    runtime_dir: Path, tp: int, started: float, *, step: str = "release_memory"
+) -> dict[str, int | None]:
     """Exactly `tp` scheduler ranks, each reporting a release that began after `started`;
-    returns each rank's pid."""
-    found, problems = read_ranks("release_memory", runtime_dir, tp, None)
+    returns each rank's pid. EngineError of `step` naming each rank that is not."""
+    found, problems = read_ranks(step, runtime_dir, tp, None)
     for r in found:
         events = r.record.get("events") or []
         if not any(e.get("event") == "released" and e.get("time", 0) >= started for e in events):
@@ -436,8 +517,67 @@ def _check_rank_count(runtime_dir: Path, tp: int, started: float) -> dict[str, i
     if extra:
         problems.append(f"the engine has more ranks than the request's tp {tp}: {', '.join(extra)}")
     if problems:
-        raise EngineError("release_memory", "; ".join(problems))
+        raise EngineError(step, "; ".join(problems))
     return {r.name: r.pid for r in found}
+
+
+def _sleep_report(runtime_dir: Path, since: float) -> dict[str, dict[str, Any]]:
+    """Per scheduler, what its status record says this release freed: `host_bytes` (weight
+    pages returned to the kernel, the CPU backend), `device_freed` (device bytes measured freed
+    on CUDA; None where none was measured) and `exported` (whether the plugin also wrote a
+    payload, as an engine started to export does). EngineError naming a scheduler whose
+    release failed."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, record in scheduler_records(runtime_dir, "release").items():
+        if record.get("outcome") == "failed":
+            raise EngineError("release", f"{name}: the plugin refused: {record.get('error')}")
+        host, exported = 0, False
+        for event in record.get("events") or ():
+            if event.get("event") == "released" and float(event.get("time", 0)) >= since:
+                host += int(event.get("discarded_bytes") or 0)
+                exported = exported or bool(event.get("export"))
+        report = record.get(REPORT_FIELD)
+        fresh = isinstance(report, dict) and float(report.get("at", 0)) >= since
+        freed = report.get("device_freed") if fresh and isinstance(report, dict) else None
+        out[name] = {
+            "pid": record.get("pid"),
+            "host_bytes": host,
+            "device_freed": None if freed is None else int(freed),
+            "exported": exported,
+        }
+    return out
+
+
+def _sum_measured(values: Iterable[int | None]) -> int | None:
+    """The sum of the measured values; None when none was measured."""
+    measured = [v for v in values if v is not None]
+    return sum(measured) if measured else None
+
+
+def _released_tags(ctx: StepContext, step: str) -> set[str]:
+    """The regions the engine's HTTP server reports released (its gate's status record,
+    coldsnap.plugin._gate), written by the engine's own process, once no release or resume is
+    in flight (an orchestrator that died mid-call leaves one running in the engine: its end
+    is waited for, up to the step's deadline). EngineError of `step` when the record is
+    absent or another process's: what to release or resume is then unknown."""
+    path = status_path(Path(ctx.facts[s.RUNTIME_DIR.name]), HTTP_PROCESS)
+    pid = int(ctx.facts[s.ENGINE_PID.name])
+    while True:
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise EngineError(
+                step, f"the engine's status record {path} is unreadable: {exc}"
+            ) from None
+        if not isinstance(record, dict) or record.get("kind") != STATUS_KIND:
+            raise EngineError(step, f"{path} is not a coldsnap status record")
+        if record.get("pid") != pid:
+            raise EngineError(step, f"{path} was written by pid {record.get('pid')}, not {pid}")
+        events = record.get("events") or [{}]
+        if events[-1].get("event") != "gate_closed":  # a call in flight closes the gate first
+            return set(record.get("released_tags") or ())
+        ctx.check()
+        time.sleep(0.05)
 
 
 def _graph_saver(launcher: Launcher) -> bool:
@@ -575,14 +715,6 @@ def _gate_opened(runtime_dir: str | None, pid: int) -> bool:
 
 def _gib(n: int) -> str:
     return f"{n} B ({n / 2**30:.3f} GiB)"
-
-
-def _running(pid: int) -> bool:
-    """Whether `pid` is a live process (a zombie has ended; it may not be our child)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _log_tail(ctx: StepContext) -> str:
