@@ -438,26 +438,41 @@ def _restore_request(
     if record is None:
         raise RequestError([("NAME", f"capsule {target} has no {RECORD_NAME}: use a request file")])
     driver, provider = driver or record.driver, provider or record.provider
-    model = None
-    if model_path is not None:
-        model = ModelRef(
-            id=record.model_id, revision=record.revision, path=str(model_path.resolve())
-        )
-    elif provider == "recovery" or driver == "n580":
-        model = ModelRef(id=record.model_id, revision=record.revision)  # from the HF cache
+    path = "" if model_path is None else str(model_path.resolve())
     tag = _tag_of(target.removeprefix("sha256:")[:12] if target.startswith("sha256:") else target)
-    return RestoreRequest(
-        driver=driver,
-        provider=provider,
-        artifact=target,
-        workdir=_workdir(workdir, store, "restore", tag),
-        store=str(store),
-        model=model,
-        engine=record.engine,
-        engine_args=engine_args or record.engine_args,  # the capture's, which admit compares
-        port=port,
-        host=host,
-    )
+
+    def request(model: ModelRef | None) -> RestoreRequest:
+        return RestoreRequest(
+            driver=driver,
+            provider=provider,
+            artifact=target,
+            workdir=_workdir(workdir, store, "restore", tag),
+            store=str(store),
+            model=model,
+            engine=record.engine,
+            engine_args=engine_args or record.engine_args,  # the capture's, which admit compares
+            port=port,
+            host=host,
+        )
+
+    if path or not record.model_id:
+        return request(ModelRef(id=record.model_id, revision=record.revision, path=path)
+                       if path else None)  # fmt: skip
+    # The capsule's model from the Hugging Face cache where it is there. Whether this restore
+    # needs the checkpoint is for the check of its components, which names `model` when it is
+    # missing; why the cache has none is then said beside it.
+    try:
+        return request(ModelRef(id=record.model_id, revision=record.revision))
+    except RequestError as exc:
+        if not any(f.startswith("model.") for f in exc.fields):
+            raise
+        not_cached = exc
+    try:
+        return request(None)
+    except RequestError as exc:
+        if "model" not in exc.fields:
+            raise
+        raise RequestError([*exc.problems, *not_cached.problems]) from None
 
 
 __all__ = ["DEFAULT_STORE", "capture", "load", "print_event", "request_json", "restore"]

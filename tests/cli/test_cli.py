@@ -145,7 +145,6 @@ def test_resume_of_a_workdir_without_a_journal_is_a_bad_request(tmp_path: Path) 
 def _memory(monkeypatch, plan) -> None:
     from coldsnap.machine import Machine
     from coldsnap.testing import MemoryWorld
-
     from tests.machine._support import memory_machine
 
     world = MemoryWorld()

@@ -82,11 +82,18 @@ def test_a_request_file_with_port_in_engine_args_is_refused_naming_the_field(tmp
     assert "'port'" in result.stderr
 
 
-def _publish(store: Store, tag: str, *, driver: str = "n610", args: tuple[str, ...] = ()) -> str:
+def _publish(
+    store: Store,
+    tag: str,
+    *,
+    driver: str = "n610",
+    provider: str = "native",
+    args: tuple[str, ...] = (),
+) -> str:
     record = to_json(
         CaptureRecord(
             driver=driver,
-            provider="native",
+            provider=provider,
             engine="sglang",
             model_id="tiny-llama",
             revision="local",
@@ -113,6 +120,16 @@ def test_restore_by_name_takes_the_capsule_s_components_and_engine_flags(tmp_pat
     assert request.artifact == "tiny" and request.port == 30001 and request.model is None
     assert request.engine_args == ("--dtype", "bfloat16")
     assert Path(request.workdir).parent == tmp_path / "ops"
+
+
+def test_a_restore_that_needs_the_model_says_why_the_cache_has_none(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    store = Store(tmp_path / "store")
+    _publish(store, "tiny", provider="recovery")
+    result = cli("restore", "tiny", "--store", str(store.root), "--print-request")
+    assert result.exit_code == 2, result.output
+    assert "field 'model'" in result.stderr
+    assert "not in the local Hugging Face cache" in result.stderr
 
 
 def test_restore_flags_after_the_name_replace_the_capture_s(tmp_path) -> None:
