@@ -1,10 +1,11 @@
-"""`coldsnap-engine-rank-n580` and `coldsnap-engine-rank-n610`: what an orchestrator runs in
-each rank's pod to restore that rank's capsule from a read-only, content-addressed runtime
-directory (a coldsnap store's directory, mounted read-only: objects named by their digest).
+"""`coldsnap-engine-rank`: what an orchestrator runs in each rank's pod to restore that rank's
+capsule from a read-only, content-addressed runtime directory (a coldsnap store's directory,
+mounted read-only: objects named by their digest).
 
 A thin wrapper over Machine: it checks what only it can (the capsule is this rank's, and nothing
-would be written into the runtime directory), builds a restore request for its driver and runs
-it. Admission verifies every member against its digest before anything runs (a damaged object
+would be written into the runtime directory), builds a restore request for the driver named by
+`--driver` (by default the one the capsule was captured with) and runs it. Admission
+verifies every member against its digest before anything runs (a damaged object
 is refused, naming the member). The workdir (journal, receipt, the laid-out capsule, logs) must
 lie outside the runtime directory, which this process never creates, chmods or writes: a
 runtime directory that lacks part of the store layout, or whose modes the store would narrow,
@@ -96,72 +97,72 @@ def _check_rank(runtime: Path, capsule: str, rank: int) -> str:
     return digest
 
 
-def _command(driver: str) -> click.Command:
-    @click.command(
-        name=f"coldsnap-engine-rank-{driver}",
-        help=f"Restore this rank's capsule with driver {driver} from a read-only runtime dir "
-        "(a coldsnap store) and leave the engine serving; print its URL and PID. docs/cli.md, "
-        '"Rank entry points".',
-    )
-    @click.option(
-        "--runtime-dir", required=True, type=click.Path(path_type=Path),
-        help="The read-only content-addressed runtime directory (a store).",
-    )  # fmt: skip
-    @click.option("--capsule", required=True, help="This rank's capsule: a tag or sha256: digest.")
-    @click.option(
-        "--rank", required=True, type=click.IntRange(0), envvar=["COLDSNAP_RANK", "RANK"],
-        help="This rank [env COLDSNAP_RANK, RANK].",
-    )  # fmt: skip
-    @click.option(
-        "--workdir", required=True, type=click.Path(path_type=Path),
-        help="This restore's directory, outside the runtime dir.",
-    )  # fmt: skip
-    @click.option("--provider", default="native", show_default=True)
-    @click.option("--port", type=click.IntRange(1, 65535), help="Serve on PORT.")
-    @click.option("--host", help="Listen on this IPv4 address.")
-    @click.option(
-        "--model-path", type=click.Path(path_type=Path),
-        help="The checkpoint (provider recovery and driver n580).",
-    )  # fmt: skip
-    @click.option("--print-request", is_flag=True, help="Print the request JSON and exit.")
-    @click.option("--json", "as_json", is_flag=True, help="One JSON event per line.")
-    def command(
-        runtime_dir: Path,
-        capsule: str,
-        rank: int,
-        workdir: Path,
-        print_request: bool,
-        as_json: bool,
-        **options: Any,
-    ) -> None:
-        with reported(_debug):
-            check_runtime_dir(runtime_dir, workdir)
-            digest = _check_rank(runtime_dir.absolute(), capsule, rank)
-            request = _request(driver, runtime_dir, digest, workdir, **options)
-            if print_request:
-                click.echo(request_json(request))
-                return
-            if as_json:
-                machine = Machine.for_request(request, subscribers=[print_json_event])
-                receipt = machine.restore(request)
-            else:
-                with LiveSteps() as live:
-                    receipt = Machine.for_request(request, subscribers=[live]).restore(request)
-        facts = receipt.facts
-        extra = {"rank": rank, "url": facts.get("engine_url"), "pid": facts.get("engine_pid"),
-                 "capsule_digest": facts.get("capsule_digest")}  # fmt: skip
-        finish(receipt, extra if receipt.ok else None, events=as_json)
-
-    return command
+@click.command(
+    name="coldsnap-engine-rank",
+    help="Restore this rank's capsule from a read-only runtime dir (a coldsnap store) and leave "
+    "the engine serving; print its URL and PID. docs/cli.md, \"Rank entry points\".",
+)
+@click.option(
+    "--runtime-dir", required=True, type=click.Path(path_type=Path),
+    help="The read-only content-addressed runtime directory (a store).",
+)  # fmt: skip
+@click.option("--capsule", required=True, help="This rank's capsule: a tag or sha256: digest.")
+@click.option(
+    "--rank", required=True, type=click.IntRange(0), envvar=["COLDSNAP_RANK", "RANK"],
+    help="This rank [env COLDSNAP_RANK, RANK].",
+)  # fmt: skip
+@click.option(
+    "--workdir", required=True, type=click.Path(path_type=Path),
+    help="This restore's directory, outside the runtime dir.",
+)  # fmt: skip
+@click.option(
+    "--driver", envvar="COLDSNAP_DRIVER",
+    help="The snapshot driver [env COLDSNAP_DRIVER; default: the capsule's].",
+)  # fmt: skip
+@click.option("--provider", help="The weight provider [default: the capsule's, else native].")
+@click.option("--port", type=click.IntRange(1, 65535), help="Serve on PORT.")
+@click.option("--host", help="Listen on this IPv4 address.")
+@click.option(
+    "--model-path", type=click.Path(path_type=Path),
+    help="The checkpoint (for components that reload it).",
+)  # fmt: skip
+@click.option("--print-request", is_flag=True, help="Print the request JSON and exit.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON event per line.")
+def rank(
+    runtime_dir: Path,
+    capsule: str,
+    rank: int,
+    workdir: Path,
+    print_request: bool,
+    as_json: bool,
+    **options: Any,
+) -> None:
+    with reported(_debug):
+        check_runtime_dir(runtime_dir, workdir)
+        digest = _check_rank(runtime_dir.absolute(), capsule, rank)
+        request = _request(runtime_dir, digest, workdir, **options)
+        if print_request:
+            click.echo(request_json(request))
+            return
+        if as_json:
+            machine = Machine.for_request(request, subscribers=[print_json_event])
+            receipt = machine.restore(request)
+        else:
+            with LiveSteps() as live:
+                receipt = Machine.for_request(request, subscribers=[live]).restore(request)
+    facts = receipt.facts
+    extra = {"rank": rank, "url": facts.get("engine_url"), "pid": facts.get("engine_pid"),
+             "capsule_digest": facts.get("capsule_digest")}  # fmt: skip
+    finish(receipt, extra if receipt.ok else None, events=as_json)
 
 
 def _request(
-    driver: str,
     runtime_dir: Path,
     digest: str,
     workdir: Path,
     *,
-    provider: str,
+    driver: str | None,
+    provider: str | None,
     port: int | None,
     host: str | None,
     model_path: Path | None,
@@ -171,6 +172,10 @@ def _request(
     from ._store_cmds import capture_record
 
     record = capture_record(Store(runtime_dir.absolute()), digest)
+    driver = driver or (record.driver if record is not None else None)
+    if not driver:
+        raise RequestError([("--driver", f"capsule {digest} has no capture record to name one")])
+    provider = provider or (record.provider if record is not None else "native")
     request = RestoreRequest(
         driver=driver, provider=provider, artifact=digest, workdir=str(workdir.absolute()),
         store=str(runtime_dir.absolute()), port=port, host=host,
@@ -186,7 +191,4 @@ def _request(
     return request
 
 
-rank_n580 = _command("n580")
-rank_n610 = _command("n610")
-
-__all__ = ["LAYOUT", "check_runtime_dir", "rank_n580", "rank_n610"]
+__all__ = ["LAYOUT", "check_runtime_dir", "rank"]

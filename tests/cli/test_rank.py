@@ -1,5 +1,5 @@
-"""The rank entry points (`coldsnap-engine-rank-n580|n610`): their arguments, the capsule's
-rank checked against --rank, and a runtime dir (a store) that is never written: a workdir
+"""The rank entry point (`coldsnap-engine-rank`): its arguments, the driver from --driver or
+the capsule's record, the capsule's rank checked against --rank, and a runtime dir (a store) that is never written: a workdir
 inside it, a missing part of its layout or a mode the store would narrow is refused before the
 Machine opens it, and a run leaves every file and directory in it as it was."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from coldsnap.cli._rank import rank_n580, rank_n610
+from coldsnap.cli._rank import rank
 from coldsnap.machine import RestoreRequest, parse_request
 
 from ..capsules.test_store_steps import _seal, model  # noqa: F401  (a fixture)
@@ -41,13 +41,13 @@ def _args(runtime: Path, workdir: Path, *more: str) -> list[str]:
     return ["--runtime-dir", str(runtime), "--capsule", "cap", "--workdir", str(workdir), *more]
 
 
-@pytest.mark.parametrize(("command", "driver"), [(rank_n610, "n610"), (rank_n580, "n580")])
+@pytest.mark.parametrize("driver", ["n610", "n580"])
 def test_the_request_is_this_rank_s_capsule_by_digest_and_nothing_is_written(
-    tmp_path: Path, runtime: Path, command, driver: str
+    tmp_path: Path, runtime: Path, driver: str
 ) -> None:
     before = _tree(runtime)
-    result = _run(command, *_args(runtime, tmp_path / "op", "--rank", "0", "--print-request",
-                                  "--port", "31000"))  # fmt: skip
+    result = _run(rank, *_args(runtime, tmp_path / "op", "--rank", "0", "--print-request",
+                               "--port", "31000", "--driver", driver))  # fmt: skip
     assert result.exit_code == 0, result.output
     request = parse_request(json.loads(result.stdout))
     assert isinstance(request, RestoreRequest)
@@ -57,22 +57,30 @@ def test_the_request_is_this_rank_s_capsule_by_digest_and_nothing_is_written(
 
 
 def test_the_rank_comes_from_the_environment_too(tmp_path: Path, runtime: Path) -> None:
-    result = _run(rank_n610, *_args(runtime, tmp_path / "op", "--print-request"),
+    result = _run(rank, *_args(runtime, tmp_path / "op", "--print-request"),
                   env={"RANK": "0"})  # fmt: skip
     assert result.exit_code == 0, result.output
-    missing = _run(rank_n610, *_args(runtime, tmp_path / "op"), env={"RANK": ""})
+    missing = _run(rank, *_args(runtime, tmp_path / "op"), env={"RANK": ""})
     assert missing.exit_code == 2 and "--rank" in missing.output
 
 
+def test_the_driver_defaults_to_the_capsule_s(tmp_path: Path, runtime: Path) -> None:
+    result = _run(rank, *_args(runtime, tmp_path / "op", "--rank", "0", "--print-request"))
+    assert result.exit_code == 0, result.output
+    request = parse_request(json.loads(result.stdout))
+    assert isinstance(request, RestoreRequest)
+    assert (request.driver, request.provider) == ("n610", "native")
+
+
 def test_another_rank_s_capsule_is_refused_naming_rank(tmp_path: Path, runtime: Path) -> None:
-    result = _run(rank_n610, *_args(runtime, tmp_path / "op", "--rank", "1"))
+    result = _run(rank, *_args(runtime, tmp_path / "op", "--rank", "1"))
     assert result.exit_code == 2
     assert "field '--rank': capsule cap is rank 0 of 1, not rank 1" in result.stderr
 
 
 def test_a_workdir_inside_the_runtime_dir_is_refused(runtime: Path) -> None:
     before = _tree(runtime)
-    result = _run(rank_n610, *_args(runtime, runtime / "ops" / "r0", "--rank", "0"))
+    result = _run(rank, *_args(runtime, runtime / "ops" / "r0", "--rank", "0"))
     assert result.exit_code == 2 and "field '--workdir'" in result.stderr
     assert _tree(runtime) == before
 
@@ -82,7 +90,7 @@ def test_a_runtime_dir_missing_part_of_its_layout_is_refused_not_completed(
 ) -> None:
     (runtime / "tmp").rmdir()
     before = _tree(runtime)
-    result = _run(rank_n610, *_args(runtime, tmp_path / "op", "--rank", "0"))
+    result = _run(rank, *_args(runtime, tmp_path / "op", "--rank", "0"))
     assert result.exit_code == 2 and "tmp is missing (it is not created here)" in result.stderr
     assert _tree(runtime) == before and not (runtime / "tmp").exists()
 
@@ -92,12 +100,12 @@ def test_a_runtime_dir_the_store_would_chmod_is_refused_unchanged(
 ) -> None:
     os.chmod(runtime / "objects", 0o755)
     before = _tree(runtime)
-    result = _run(rank_n610, *_args(runtime, tmp_path / "op", "--rank", "0"))
+    result = _run(rank, *_args(runtime, tmp_path / "op", "--rank", "0"))
     assert result.exit_code == 2 and "has mode 755, not 700" in result.stderr
     assert _tree(runtime) == before
 
 
 def test_a_runtime_dir_that_does_not_exist_is_named(tmp_path: Path) -> None:
-    result = _run(rank_n610, *_args(tmp_path / "nothing", tmp_path / "op", "--rank", "0"))
+    result = _run(rank, *_args(tmp_path / "nothing", tmp_path / "op", "--rank", "0"))
     assert result.exit_code == 2 and "field '--runtime-dir'" in result.stderr
     assert not (tmp_path / "nothing").exists()
