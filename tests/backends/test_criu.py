@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from coldsnap.backends import (
 )
 from coldsnap.backends._images import read_file_paths, read_pstree
 from coldsnap.backends._records import DUMP_MANIFEST, RESTORE_RECORD, read_record
+from tests._support import free_port
 
 from .conftest import ask, target, wait_for_line
 
@@ -195,16 +195,10 @@ def test_a_tree_left_stopped_stops_on_sigterm(criu: Criu, counter_image: Counter
     assert not Path(f"/proc/{tree.pid}").exists()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_http_server_serves_again_after_restore(
     criu: Criu, tmp_path: Path, restored: list[RestoredTree]
 ) -> None:
-    port = _free_port()
+    port = free_port()
     proc = launch(target("http_server.py", port), log_path=tmp_path / "http.log")
     url = f"http://127.0.0.1:{port}/"
     try:

@@ -28,6 +28,7 @@ from coldsnap.backends.inet import (
     rebind,
     split_image,
 )
+from tests._support import free_port
 
 from .conftest import target, wait_for_line
 
@@ -160,7 +161,7 @@ def restored(criu: Criu) -> Iterator[list[RestoredTree]]:
 def test_a_rebound_image_restores_listening_on_the_new_port(
     criu: Criu, tmp_path: Path, restored: list[RestoredTree]
 ) -> None:
-    port, new = _free_port(), _free_port()
+    port, new = free_port(), free_port()
     proc = launch(target("http_server.py", port), log_path=tmp_path / "http.log")
     try:
         wait_for_line(tmp_path / "http.log", "ready")

@@ -19,8 +19,9 @@ from coldsnap.cli import main
 from coldsnap.drivers.n610._driver import serve_on
 from coldsnap.engines.sglang import SGLangLauncher
 from coldsnap.machine import CaptureRequest, ModelRef, RequestError, RestoreRequest
+from tests._support import free_port
 
-from .test_restore_port import _free_port, images  # noqa: F401  (a fixture)
+from .test_restore_port import images  # noqa: F401  (a fixture)
 
 LAUNCH = ["python", "-m", "sglang.launch_server"]
 
@@ -126,7 +127,7 @@ def test_the_captured_port_in_use_is_refused_naming_port(tmp_path: Path) -> None
 def test_n610_host_moves_the_image_s_listener_and_the_url_dials_the_loopback(
     images: Path,  # noqa: F811
 ) -> None:
-    port = _free_port()
+    port = free_port()
     url = serve_on(images, "http://127.0.0.1:40000", port, "0.0.0.0")
     assert url == f"http://127.0.0.1:{port}"
     assert [(x.address, x.port) for x in listeners(images)] == [("0.0.0.0", port)]

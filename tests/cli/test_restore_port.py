@@ -14,14 +14,9 @@ from coldsnap.backends.inet import FILES_IMAGE, PortInUse, join_image, listeners
 from coldsnap.drivers.n610._driver import serve_on
 from coldsnap.engines.sglang import SGLangLauncher
 from coldsnap.machine import ModelRef, RestoreRequest
+from tests._support import free_port
 
 from ..backends.test_inet import MAGIC, _inet_entry
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -40,7 +35,7 @@ def test_without_a_port_the_captured_url_stands_and_the_image_is_untouched(image
 
 
 def test_a_port_moves_the_listener_and_the_url(images: Path) -> None:
-    port = _free_port()
+    port = free_port()
     assert serve_on(images, "http://127.0.0.1:40000", port) == f"http://127.0.0.1:{port}"
     assert [x.port for x in listeners(images)] == [port]
 

@@ -82,14 +82,6 @@ def test_the_demo_prints_cold_start_restore_and_their_ratio(e2e_ready: None) -> 
     assert not _marked(marker), "the demo left processes running"
 
 
-def _free_port() -> int:
-    """Outside the ephemeral range, like the engine adapter's (a server's own process groups
-    bind port 0 while it starts)."""
-    from coldsnap.engines.sglang import free_port
-
-    return free_port()
-
-
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) != 0
@@ -110,7 +102,7 @@ def test_capture_your_own_server_restore_it_on_your_port_then_stop_and_gc(
 
     marker, store = uuid.uuid4().hex, str(tmp_path / "store")
     serving = {"COLDSNAP_SERVING_DIR": str(tmp_path / "serving")}
-    user_port, port = _free_port(), _free_port()
+    user_port, port = free_port(), free_port()
     launch = ["python", "-m", "sglang.launch_server", "--model-path", str(info.path),
               "--port", str(user_port)]  # fmt: skip
     printed = _cli("capture", "--print-request", "--name", "tiny", "--store", store, "--", *launch,
