@@ -1,7 +1,8 @@
 """The rank entry point (`coldsnap-engine-rank`): its arguments, the driver from --driver or
-the capsule's record, the capsule's rank checked against --rank, and a runtime dir (a store) that is never written: a workdir
-inside it, a missing part of its layout or a mode the store would narrow is refused before the
-Machine opens it, and a run leaves every file and directory in it as it was."""
+the capsule's record, the capsule's rank checked against --rank, and a runtime dir (a store)
+that is never written: a workdir inside it, a missing part of its layout or a mode the store
+would narrow is refused before the Machine opens it, and a run leaves every file and directory
+in it as it was."""
 
 from __future__ import annotations
 
