@@ -1,9 +1,9 @@
-"""Capture and restore as declarative state machines: specs, the registry of drivers,
-providers, engines and stores, the runner, the journal and receipts."""
+"""Capture, restore, stop, sleep and wake as declarative state machines: specs, the registry of
+drivers, providers, engines and stores, the runner, the journal and receipts."""
 
 from . import _steps as steps
 from ._context import Skipped, StepContext
-from ._convert import parse_request
+from ._convert import REQUEST_CLASSES, parse_request
 from ._diagram import document, mermaid
 from ._errors import (
     Cancelled,
@@ -22,7 +22,7 @@ from ._facts import Fact, declared_facts, fact
 from ._guards import CHECKPOINT, CUDA, GRAPHS, PAYLOAD, RETIRE, Guard, capability
 from ._journal import JOURNAL_NAME, Journal, JournalRecord, Replay, read_journal
 from ._launch import LaunchCommand, Launcher
-from ._machine import Machine
+from ._machine import Machine, lifecycle_request, op_workdir
 from ._protocols import (
     ArtifactStore,
     Component,
@@ -35,10 +35,21 @@ from ._protocols import (
 )
 from ._receipt import Receipt, StepEvent, StepRecord
 from ._registry import ENTRY_POINT_GROUP, REGISTRY, Components, Entry, Registry
-from ._requests import CaptureRequest, ModelRef, Request, RestoreRequest
+from ._requests import (
+    CaptureRequest,
+    LifecycleRequest,
+    ModelRef,
+    Request,
+    RestoreRequest,
+    SleepRequest,
+    StopRequest,
+    WakeRequest,
+)
 from ._runner import SpecMachine
 from ._spec import (
     COMPONENTS,
+    LIFECYCLE,
+    OPERATIONS,
     SPEC_CHECKS,
     TERMINAL_STATES,
     TRIGGERS,
@@ -56,8 +67,11 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "GRAPHS",
     "JOURNAL_NAME",
+    "LIFECYCLE",
+    "OPERATIONS",
     "PAYLOAD",
     "REGISTRY",
+    "REQUEST_CLASSES",
     "RETIRE",
     "SPEC_CHECKS",
     "TERMINAL_STATES",
@@ -81,6 +95,7 @@ __all__ = [
     "JournalRecord",
     "LaunchCommand",
     "Launcher",
+    "LifecycleRequest",
     "Machine",
     "MissingFact",
     "ModelRef",
@@ -92,6 +107,7 @@ __all__ = [
     "RequestError",
     "RestoreRequest",
     "Skipped",
+    "SleepRequest",
     "Spec",
     "SpecError",
     "SpecMachine",
@@ -101,8 +117,10 @@ __all__ = [
     "StepRecord",
     "StepResult",
     "StepTimeout",
+    "StopRequest",
     "Transition",
     "UndeclaredFact",
+    "WakeRequest",
     "WeightProvider",
     "capability",
     "check_components",
@@ -110,7 +128,9 @@ __all__ = [
     "declared_methods",
     "document",
     "fact",
+    "lifecycle_request",
     "mermaid",
+    "op_workdir",
     "parse_request",
     "read_journal",
     "steps",

@@ -16,7 +16,14 @@ from cattrs.errors import BaseValidationError, ClassValidationError, ForbiddenEx
 from cattrs.v import format_exception
 
 from ._errors import JournalError, RequestError
-from ._requests import CaptureRequest, Request, RestoreRequest
+from ._requests import (
+    CaptureRequest,
+    Request,
+    RestoreRequest,
+    SleepRequest,
+    StopRequest,
+    WakeRequest,
+)
 
 T = TypeVar("T")
 
@@ -90,10 +97,15 @@ def structure_record(data: Any, cls: type[T], where: str) -> T:
         ) from None
 
 
-_KINDS: dict[str, type[CaptureRequest] | type[RestoreRequest]] = {
-    CaptureRequest.KIND: CaptureRequest,
-    RestoreRequest.KIND: RestoreRequest,
-}
+REQUEST_CLASSES: tuple[type[Request], ...] = (
+    CaptureRequest,
+    RestoreRequest,
+    StopRequest,
+    SleepRequest,
+    WakeRequest,
+)
+"""Every request class, by which `parse_request` reads a request's `kind`."""
+_KINDS: dict[str, type[Request]] = {cls.KIND: cls for cls in REQUEST_CLASSES}
 
 
 def parse_request(data: Mapping[str, Any]) -> Request:

@@ -217,6 +217,7 @@ class Replay:
             request=begin.request or {},
             components=begin.components or {},
             dry_run=bool(begin.dry_run),
+            facts=dict(begin.facts or {}),  # seeded from a lifecycle operation's target
         )
         for record in records[1:]:
             if record.facts:

@@ -3,29 +3,36 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ._context import StepContext
 from ._convert import parse_request, structure_record, unstructure
 from ._errors import JournalError, RequestError
 from ._journal import JOURNAL_NAME, Journal, Replay, workdir_lock
 from ._protocols import ArtifactStore, Driver, Engine, WeightProvider, check_components
 from ._receipt import RECEIPT_NAME, Receipt
 from ._registry import REGISTRY, Components, Registry
-from ._requests import CaptureRequest, Request, RestoreRequest
+from ._requests import (
+    CaptureRequest,
+    LifecycleRequest,
+    Request,
+    RestoreRequest,
+    SleepRequest,
+    StopRequest,
+    WakeRequest,
+)
 from ._runner import Run, Subscriber
-from ._spec import Step
+from ._spec import Spec
 
-R = TypeVar("R", CaptureRequest, RestoreRequest)
+R = TypeVar("R", CaptureRequest, RestoreRequest, StopRequest, SleepRequest, WakeRequest)
 
 
 class Machine:
-    """Runs capture and restore specs against pluggable components.
+    """Runs capture, restore, stop, sleep and wake specs against pluggable components.
 
     One operation at a time per Machine. Every step is journaled in the request's workdir, so a
     new Machine given the same components can `resume(workdir)` an operation whose orchestrator
@@ -85,6 +92,49 @@ class Machine:
     ) -> Receipt:
         return self._start(_coerce(request, RestoreRequest), cancel)
 
+    def stop(
+        self,
+        request: StopRequest | Mapping[str, Any] | Receipt,
+        *,
+        cancel: threading.Event | None = None,
+    ) -> Receipt:
+        """Stops the engine a finished restore (or capture) left running: the driver's stop
+        spec, journaled in the request's own workdir and holding the target's lock too.
+
+        Given a Receipt instead of a request, stops its workdir's engine (`stop_receipt`)."""
+        if isinstance(request, Receipt):
+            return self.stop_receipt(request, cancel=cancel)
+        return self._start(_coerce(request, StopRequest), cancel)
+
+    def stop_receipt(
+        self,
+        receipt: Receipt,
+        *,
+        workdir: str | Path | None = None,
+        timeouts: Mapping[str, float] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Receipt:
+        """For embedders who hold a receipt: stops the engine of the operation in
+        `receipt.workdir`, journaled in `workdir` (default: the next free
+        `<target>/ops/stop-<n>`, `op_workdir`). The components are those of the target's
+        request; this Machine's must be the same ones."""
+        request = lifecycle_request(
+            "stop", receipt.workdir, workdir=workdir, timeouts=timeouts or {}
+        )
+        return self._start(request, cancel)
+
+    def sleep(
+        self, request: SleepRequest | Mapping[str, Any], *, cancel: threading.Event | None = None
+    ) -> Receipt:
+        """Releases a running engine's memory without a snapshot: the engine's sleep spec."""
+        return self._start(_coerce(request, SleepRequest), cancel)
+
+    def wake(
+        self, request: WakeRequest | Mapping[str, Any], *, cancel: threading.Event | None = None
+    ) -> Receipt:
+        """Gives a sleeping engine its memory back: the engine's wake spec."""
+        return self._start(_coerce(request, WakeRequest), cancel)
+
     async def capture_async(self, request: CaptureRequest | Mapping[str, Any]) -> Receipt:
         return await self._in_thread(self.capture, request)
 
@@ -106,20 +156,31 @@ class Machine:
             if replay.end is not None and receipt_path.exists():
                 return _read_receipt(workdir)
             request = parse_request(replay.request)
-            self.registry.check(request)
-            spec = self.registry.spec(request.operation, request.driver)
-            if spec.name != replay.spec:
-                raise JournalError(
-                    f"{journal.path}: names spec {replay.spec!r}, but driver '{request.driver}' "
-                    f"registers '{spec.name}' for {request.operation}"
-                )
-            self._check_journaled(journal.path, replay)
-            check_components(spec, request, self.components)
-            with self._running(cancel) as event:
-                run = self._run(spec, request, journal, event)
-                if replay.end is not None:
-                    return run.finished(replay)
-                return run.resume(replay)
+            with _target_lock(request):
+                return self._resume(request, journal, replay, cancel)
+
+    def _resume(
+        self,
+        request: Request,
+        journal: Journal,
+        replay: Replay,
+        cancel: threading.Event | None,
+    ) -> Receipt:
+        self.registry.check(request)
+        spec = self.registry.spec(request.operation, request)
+        if spec.name != replay.spec:
+            owner = getattr(request, spec.owner_kind)
+            raise JournalError(
+                f"{journal.path}: names spec {replay.spec!r}, but {spec.owner_kind} "
+                f"'{owner}' registers '{spec.name}' for {request.operation}"
+            )
+        self._check_journaled(journal.path, replay)
+        check_components(spec, request, self.components)
+        with self._running(cancel) as event:
+            run = self._run(spec, request, journal, event)
+            if replay.end is not None:
+                return run.finished(replay)
+            return run.resume(replay)
 
     def _names(self) -> dict[str, str]:
         return {role: str(c.name) for role, c in self.components.items()}
@@ -147,44 +208,27 @@ class Machine:
         if self._cancel is not None:
             self._cancel.set()
 
-    def stop(self, receipt: Receipt) -> None:
-        """Stops what a restore (or a capture that kept its source) left running, holding the
-        workdir's lock."""
-        with workdir_lock(Path(receipt.workdir)):
-            self._stop(receipt)
-
-    def _stop(self, receipt: Receipt) -> None:
-        request = parse_request(_read_request(Path(receipt.workdir)))
-        spec = self.registry.spec(request.operation, request.driver)
-        step = Step("stop", "driver.stop_engine", "stop the engine", side_effect=False)
-        ctx = StepContext(
-            request=request,
-            spec=spec,
-            step=step,
-            workdir=Path(request.workdir),
-            deadline=time.monotonic() + 120.0,
-            facts=dict(receipt.facts),
-            cancel=threading.Event(),
-            record=lambda facts: None,
-            compensating=True,
-        )
-        self.components["driver"].stop_engine(ctx)
-
     # -- plumbing -----------------------------------------------------------------------------
 
     def _start(self, request: Request, cancel: threading.Event | None) -> Receipt:
         self.registry.check(request)
-        spec = self.registry.spec(request.operation, request.driver)
+        spec = self.registry.spec(request.operation, request)
         check_components(spec, request, self.components)
         workdir = Path(request.workdir)
-        with workdir_lock(workdir):
-            journal = Journal.create(workdir)
-            with self._running(cancel) as event:
-                return self._run(spec, request, journal, event).start(
-                    unstructure(request), components=self._names(), dry_run=self.dry_run
-                )
+        with _target_lock(request):
+            # The target is checked before the op's workdir exists: a refused op leaves nothing.
+            seeds = _seeds(spec, request) if isinstance(request, LifecycleRequest) else None
+            with workdir_lock(workdir):
+                journal = Journal.create(workdir)
+                with self._running(cancel) as event:
+                    return self._run(spec, request, journal, event).start(
+                        unstructure(request),
+                        components=self._names(),
+                        dry_run=self.dry_run,
+                        seeds=seeds,
+                    )
 
-    def _run(self, spec: Any, request: Request, journal: Journal, cancel: threading.Event) -> Run:
+    def _run(self, spec: Spec, request: Request, journal: Journal, cancel: threading.Event) -> Run:
         return Run(
             spec=spec,
             request=request,
@@ -247,3 +291,103 @@ def _read_request(workdir: Path) -> dict[str, Any]:
     from ._journal import read_journal
 
     return read_journal(workdir / JOURNAL_NAME)[0].request or {}
+
+
+@contextlib.contextmanager
+def _target_lock(request: Request) -> Iterator[None]:
+    """A lifecycle operation holds its target's workdir lock for its whole run (beside its own):
+    nothing else (a resume of the target, another stop, sleep or wake) acts on that engine
+    meanwhile."""
+    if not isinstance(request, LifecycleRequest):
+        yield
+        return
+    target = Path(request.target)
+    if not (target / JOURNAL_NAME).exists():
+        raise RequestError([("target", f"{target}: no capture or restore journaled there")])
+    with workdir_lock(target):
+        yield
+
+
+def _target(request: LifecycleRequest) -> tuple[Receipt, Request]:
+    """The target's receipt and request, as on disk now; a RequestError naming `target` when
+    there is no finished operation whose engine still runs."""
+    target = Path(request.target)
+    try:
+        receipt = _read_receipt(target)
+        journaled = parse_request(_read_request(target))
+    except FileNotFoundError:
+        raise RequestError(
+            [("target", f"{target}: its operation has no receipt (still running, or it died: "
+              "resume it first)")]
+        ) from None
+    except (JournalError, RequestError) as exc:
+        raise RequestError([("target", f"{target}: unreadable ({exc})")]) from None
+    kept = isinstance(journaled, CaptureRequest) and journaled.keep_source
+    if receipt.outcome != "done" and not kept:
+        raise RequestError(
+            [("target", f"{target}: its {receipt.operation} ended {receipt.outcome}, so no "
+              "engine of it runs")]
+        )
+    if isinstance(journaled, LifecycleRequest):
+        raise RequestError(
+            [("target", f"{target}: a {journaled.operation}, not a capture or restore")]
+        )
+    problems = [
+        (role, f"'{getattr(request, role)}', but the target ran with "
+               f"'{getattr(journaled, role)}'")
+        for role in ("driver", "provider", "engine")
+        if getattr(request, role) != getattr(journaled, role)
+    ]
+    if problems:
+        raise RequestError(problems)
+    return receipt, journaled
+
+
+def _seeds(spec: Spec, request: LifecycleRequest) -> dict[str, Any]:
+    """The facts the spec's steps take from the target: its `seeds`, where the target's
+    receipt holds them."""
+    receipt, _ = _target(request)
+    return {f.name: receipt.facts[f.name] for f in spec.seeds if f.name in receipt.facts}
+
+
+OPS_DIR = "ops"
+
+
+def op_workdir(target: str | Path, operation: str) -> Path:
+    """The next free workdir of a lifecycle operation on `target`:
+    `<target>/ops/<operation>-<n>`, n counting from 1."""
+    ops = Path(target) / OPS_DIR
+    taken = {p.name for p in ops.glob(f"{operation}-*")} if ops.is_dir() else set()
+    n = 1
+    while f"{operation}-{n}" in taken:
+        n += 1
+    return ops / f"{operation}-{n}"
+
+
+def lifecycle_request(
+    operation: str,
+    target: str | Path,
+    *,
+    workdir: str | Path | None = None,
+    timeouts: Mapping[str, float] | None = None,
+) -> LifecycleRequest:
+    """A stop, sleep or wake request on `target` (a capture's or restore's workdir), naming the
+    driver, provider and engine its request named (the registry then builds the same
+    components), journaled in `workdir` (default: `op_workdir(target, operation)`)."""
+    classes: dict[str, type[LifecycleRequest]] = {
+        "stop": StopRequest, "sleep": SleepRequest, "wake": WakeRequest,
+    }  # fmt: skip
+    if operation not in classes:
+        raise RequestError([("operation", f"'{operation}' is not one of {', '.join(classes)}")])
+    target = Path(target)
+    if not (target / JOURNAL_NAME).exists():
+        raise RequestError([("target", f"{target}: no capture or restore journaled there")])
+    journaled = parse_request(_read_request(target))
+    return classes[operation](
+        target=str(target),
+        workdir=str(workdir or op_workdir(target, operation)),
+        driver=journaled.driver,
+        provider=journaled.provider,
+        engine=journaled.engine,
+        timeouts=dict(timeouts or {}),
+    )

@@ -25,7 +25,7 @@ from ._protocols import (
     WeightProvider,
     declared_methods,
 )
-from ._spec import Spec
+from ._spec import OPERATIONS, Spec
 
 ENTRY_POINT_GROUP = "coldsnap.registrations"
 Kind = Literal["driver", "provider", "engine", "store"]
@@ -84,28 +84,36 @@ class Registry:
         capture: Spec,
         restore: Spec,
         build: DriverFactory,
+        stop: Spec | None = None,
         cls: type | None = None,
         doc: str = "",
     ) -> Entry:
-        """A driver and the two specs it owns. With `cls`, every `driver.*` method the specs
-        name must exist on it; every other role's method must be declared on its protocol."""
-        problems = []
-        for spec, operation in ((capture, "capture"), (restore, "restore")):
-            if spec.operation != operation or spec.driver != name:
-                problems.append(
-                    f"spec '{spec.name}' is a {spec.operation} spec of driver '{spec.driver}', "
-                    f"not the {operation} spec of '{name}'"
-                )
-            problems += list(_action_problems(spec, cls))
-        if problems:
-            raise SpecError("\n".join(f"driver '{name}': {p}" for p in problems))
-        return self._add(Entry("driver", name, build, doc, (capture, restore)))
+        """A driver and the specs it owns (capture, restore and, once it has one, stop). With
+        `cls`, every `driver.*` method the specs name must exist on it; every other role's
+        method must be declared on its protocol."""
+        specs = {"capture": capture, "restore": restore, "stop": stop}
+        _check_owned("driver", name, specs, cls)
+        return self._add(Entry("driver", name, build, doc, _present(specs)))
 
     def register_provider(self, name: str, *, build: ProviderFactory, doc: str = "") -> Entry:
         return self._add(Entry("provider", name, build, doc))
 
-    def register_engine(self, name: str, *, build: EngineFactory, doc: str = "") -> Entry:
-        return self._add(Entry("engine", name, build, doc))
+    def register_engine(
+        self,
+        name: str,
+        *,
+        build: EngineFactory,
+        sleep: Spec | None = None,
+        wake: Spec | None = None,
+        cls: type | None = None,
+        doc: str = "",
+    ) -> Entry:
+        """An engine adapter and the specs it owns (sleep and wake: they act on a running
+        engine's memory, whatever snapshotted it). With `cls`, every `engine.*` method its
+        specs name must exist on it; without, each must be declared on the engine protocol."""
+        specs = {"sleep": sleep, "wake": wake}
+        _check_owned("engine", name, specs, cls)
+        return self._add(Entry("engine", name, build, doc, _present(specs)))
 
     def register_store(self, name: str, *, build: StoreFactory, doc: str = "") -> Entry:
         return self._add(Entry("store", name, build, doc))
@@ -139,20 +147,33 @@ class Registry:
             return tuple(sorted(n for k, n in self._entries if k == kind))
 
     def specs(self) -> tuple[Spec, ...]:
-        """Every registered driver's specs, in driver-name order."""
-        return tuple(s for name in self.names("driver") for s in self.get("driver", name).specs)
+        """Every registered spec: the drivers' then the engines', each in name order."""
+        return tuple(
+            spec
+            for kind in ("driver", "engine")
+            for name in self.names(kind)  # type: ignore[arg-type]
+            for spec in self.get(kind, name).specs  # type: ignore[arg-type]
+        )
 
-    def spec(self, operation: str, driver: str) -> Spec:
-        for spec in self.get("driver", driver).specs:
+    def spec(self, operation: str, request: Any) -> Spec:
+        """The spec of `operation` its owner registers: the driver or the engine `request`
+        names (OPERATIONS says which). `request` may also be the owner's name itself."""
+        if operation not in OPERATIONS:
+            raise RegistryError(
+                f"no operation '{operation}' (known: {', '.join(OPERATIONS)})"
+            )
+        kind = OPERATIONS[operation]
+        owner = request if isinstance(request, str) else getattr(request, kind)
+        for spec in self.get(kind, owner).specs:
             if spec.operation == operation:
                 return spec
-        raise RegistryError(f"driver '{driver}' has no {operation} spec")
+        raise RegistryError(f"{kind} '{owner}' has no {operation} spec")
 
     def spec_named(self, name: str) -> Spec:
         for spec in self.specs():
             if spec.name == name:
                 return spec
-        raise RegistryError(f"no registered driver owns a spec named '{name}'")
+        raise RegistryError(f"no registered driver or engine owns a spec named '{name}'")
 
     def check(self, request: Any) -> None:
         """Refuses a request naming a driver, provider or engine not registered here, naming
@@ -197,13 +218,41 @@ class Registry:
                     ) from exc
 
 
-def _action_problems(spec: Spec, cls: type | None) -> Iterator[str]:
+def _present(specs: dict[str, Spec | None]) -> tuple[Spec, ...]:
+    return tuple(spec for spec in specs.values() if spec is not None)
+
+
+def _check_owned(
+    kind: Literal["driver", "engine"], name: str, specs: dict[str, Spec | None], cls: type | None
+) -> None:
+    """Each spec is the one its keyword names, owned by `name`, and calls what exists."""
+    problems = []
+    for operation, spec in specs.items():
+        if spec is None:
+            continue
+        if spec.operation != operation or spec.owner != name or spec.owner_kind != kind:
+            problems.append(
+                f"spec '{spec.name}' is a {spec.operation} spec of {spec.owner_kind} "
+                f"'{spec.owner}', not the {operation} spec of {kind} '{name}'"
+            )
+        problems += list(_action_problems(spec, cls, kind))
+    if problems:
+        raise SpecError("\n".join(f"{kind} '{name}': {p}" for p in problems))
+
+
+def _action_problems(spec: Spec, cls: type | None, owner: str = "driver") -> Iterator[str]:
+    """The owner's own methods are checked against its class (when given): its specs may call
+    methods its protocol does not list (the driver protocol lists only what the Machine itself
+    calls). Every other role's method, and the owner's without a class unless it is a driver,
+    must be declared on that role's protocol."""
     for step in spec.steps:
         for action in filter(None, (step.action, step.compensation)):
             role, method = action.split(".", 1)
-            if role == "driver":
-                if cls is not None and not callable(getattr(cls, method, None)):
+            if role == owner and cls is not None:
+                if not callable(getattr(cls, method, None)):
                     yield f"step '{step.name}': {cls.__name__} has no method '{method}'"
+            elif role == owner == "driver":
+                continue  # checked on the built component (check_components)
             elif method not in declared_methods(role):
                 yield (
                     f"step '{step.name}': '{action}' is not declared on the {role} protocol "

@@ -1,4 +1,5 @@
-"""Capture and restore requests: what an orchestrator asks for, validated before any side effect."""
+"""Requests (capture, restore, and stop, sleep and wake of what they left running): what an
+orchestrator asks for, validated before any side effect."""
 
 from __future__ import annotations
 
@@ -144,7 +145,68 @@ class RestoreRequest:
             raise RequestError(problems)
 
 
-Request = CaptureRequest | RestoreRequest
+@frozen(kw_only=True)
+class LifecycleRequest:
+    """Stop, sleep or wake the engine a finished capture or restore left running.
+
+    `target` is that operation's workdir: its receipt says the engine runs, and the facts the
+    spec seeds come from it. `workdir` is this operation's own (its journal and receipt; the
+    command line puts it under `<target>/ops/`). `driver`, `provider` and `engine` are copied
+    from the target's request (`coldsnap.machine.lifecycle_request`), so the registry builds
+    the same components and the Machine refuses others."""
+
+    KIND: ClassVar[str] = ""
+    operation: ClassVar[str] = ""
+
+    target: str
+    workdir: str
+    driver: str
+    provider: str
+    engine: str = "sglang"
+    timeouts: dict[str, float] = field(factory=dict, converter=_as_timeouts)
+    format: int = REQUEST_FORMAT
+    kind: str = ""
+
+    def __attrs_post_init__(self) -> None:
+        problems = _format_problems(self)
+        problems += _path_problems("target", self.target, must_exist=True)
+        if not os.path.isabs(self.workdir):  # its parents are made (`<target>/ops/` at first)
+            problems.append(("workdir", f"must be an absolute path, got '{self.workdir}'"))
+        elif os.path.normpath(self.workdir) == os.path.normpath(self.target):
+            problems.append(("workdir", "must not be the target's own workdir (its journal)"))
+        problems += _timeout_problems(self.timeouts)
+        if problems:
+            raise RequestError(problems)
+
+
+@frozen(kw_only=True)
+class StopRequest(LifecycleRequest):
+    """Stop the engine (and whatever the driver left beside it) of `target`."""
+
+    KIND: ClassVar[str] = "coldsnap.stop-request"
+    operation: ClassVar[str] = "stop"
+    kind: str = "coldsnap.stop-request"
+
+
+@frozen(kw_only=True)
+class SleepRequest(LifecycleRequest):
+    """Release the running engine's weights and KV cache of `target`, without a snapshot."""
+
+    KIND: ClassVar[str] = "coldsnap.sleep-request"
+    operation: ClassVar[str] = "sleep"
+    kind: str = "coldsnap.sleep-request"
+
+
+@frozen(kw_only=True)
+class WakeRequest(LifecycleRequest):
+    """Give the sleeping engine of `target` its weights and KV cache back."""
+
+    KIND: ClassVar[str] = "coldsnap.wake-request"
+    operation: ClassVar[str] = "wake"
+    kind: str = "coldsnap.wake-request"
+
+
+Request = CaptureRequest | RestoreRequest | StopRequest | SleepRequest | WakeRequest
 
 
 def _listen_problems(
@@ -182,18 +244,29 @@ def _is_digest(value: str) -> bool:
 
 
 def _common_problems(request: CaptureRequest | RestoreRequest) -> list[tuple[str, str]]:
+    problems = _format_problems(request)
+    for name in ("workdir", "store"):
+        problems += _path_problems(name, getattr(request, name), must_exist=False)
+    problems += _timeout_problems(request.timeouts)
+    problems += _owned_flag_problems(request)
+    return problems
+
+
+def _format_problems(request: Any) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     if request.format != REQUEST_FORMAT:
         problems.append(("format", f"unsupported format {request.format} (known: 1)"))
     if request.kind != request.KIND:
         problems.append(("kind", f"expected '{request.KIND}', got '{request.kind}'"))
-    for name in ("workdir", "store"):
-        problems += _path_problems(name, getattr(request, name), must_exist=False)
-    for step, seconds in request.timeouts.items():
-        if not isinstance(seconds, int | float) or seconds <= 0:
-            problems.append((f"timeouts.{step}", f"must be a positive number, got {seconds!r}"))
-    problems += _owned_flag_problems(request)
     return problems
+
+
+def _timeout_problems(timeouts: Mapping[str, float]) -> list[tuple[str, str]]:
+    return [
+        (f"timeouts.{step}", f"must be a positive number, got {seconds!r}")
+        for step, seconds in timeouts.items()
+        if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds <= 0
+    ]
 
 
 _OWNED_FLAGS = ("--host", "--port")

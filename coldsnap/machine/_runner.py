@@ -143,14 +143,23 @@ class Run:
     # -- entry points -------------------------------------------------------------------------
 
     def start(
-        self, request_data: dict[str, Any], *, components: dict[str, str], dry_run: bool
+        self,
+        request_data: dict[str, Any],
+        *,
+        components: dict[str, str],
+        dry_run: bool,
+        seeds: Mapping[str, Any] | None = None,
     ) -> Receipt:
+        """Journals `begin` (with the facts seeded from a lifecycle operation's target: a resume
+        reads them from here, not from a target receipt that may have changed since) and runs."""
+        self.facts.update(seeds or {})
         self.journal.append(
             "begin",
             spec=self.spec.name,
             request=request_data,
             components=components,
             dry_run=dry_run,
+            facts=dict(seeds) if seeds else None,
         )
         return self._forward(SpecMachine(self.spec, self.request, self.components), None)
 

@@ -38,6 +38,21 @@ COMPENSATED = "compensated"
 COMPENSATION_FAILED = "compensation_failed"
 TRIGGERS = (ADVANCE, FAIL, COMPENSATED, COMPENSATION_FAILED)
 
+OPERATIONS: dict[str, Literal["driver", "engine"]] = {
+    "capture": "driver",
+    "restore": "driver",
+    "stop": "driver",
+    "sleep": "engine",
+    "wake": "engine",
+}
+"""Each operation and the kind of component that owns its spec. How a process is snapshotted
+and brought back, and how a restored tree is stopped (an n580 restore leaves a template's
+control directory), is the driver's; sleep and wake act on a running engine's memory whatever
+snapshotted it, so the engine adapter owns them."""
+LIFECYCLE = frozenset({"stop", "sleep", "wake"})
+"""Operations that act on the engine a finished capture or restore (their target) left running:
+they start from facts seeded from the target's receipt (`Spec.seeds`)."""
+
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _ACTION = re.compile(rf"^(?P<component>{'|'.join(COMPONENTS)})\.(?P<method>[a-z][a-z0-9_]*)$")
 
@@ -93,6 +108,13 @@ class Step:
     )
     needs: tuple[Fact, ...] = field(default=(), converter=_facts)
     makes: tuple[Fact, ...] = field(default=(), converter=_facts)
+    uses: tuple[Fact, ...] = field(default=(), converter=_facts)
+    """Facts the step reads when they are there (optional inputs); `needs` are required."""
+
+    def reads(self) -> frozenset[str]:
+        """The names of every fact the step may read: what it needs, uses and makes (a retried
+        or compensating step reads what it recorded itself)."""
+        return frozenset(f.name for f in (*self.needs, *self.uses, *self.makes))
 
     @property
     def component(self) -> str:
@@ -130,16 +152,26 @@ def guard_condition(guard: Guard) -> str:
 
 @frozen
 class Spec:
-    """A capture or restore operation for one driver, validated when it is built: every check
-    runs and the SpecError lists every problem found, not only the first."""
+    """One operation of one owner (a driver or an engine, per OPERATIONS), validated when it is
+    built: every check runs and the SpecError lists every problem found, not only the first.
+
+    `seeds` are the facts a lifecycle operation (stop, sleep, wake) takes from its target's
+    receipt before its first step; a step may need them as if an earlier step made them. A
+    seed the target does not hold is simply absent (a step that needs it fails naming it)."""
 
     name: str
-    operation: Literal["capture", "restore"] = field(
-        validator=_rule(lambda v: v in ("capture", "restore"), "'capture' or 'restore'")
+    operation: Literal["capture", "restore", "stop", "sleep", "wake"] = field(
+        validator=_rule(lambda v: v in OPERATIONS, "one of " + ", ".join(OPERATIONS))
     )
-    driver: str = field(validator=_rule(lambda v: bool(_NAME.match(v)), "a lower_snake_case name"))
+    owner: str = field(validator=_rule(lambda v: bool(_NAME.match(v)), "a lower_snake_case name"))
     steps: tuple[Step, ...] = field(converter=tuple)
     doc: str = ""
+    seeds: tuple[Fact, ...] = field(default=(), converter=_facts)
+
+    @property
+    def owner_kind(self) -> Literal["driver", "engine"]:
+        """The kind of component that owns this spec: 'driver' or 'engine'."""
+        return OPERATIONS[self.operation]
 
     def __attrs_post_init__(self) -> None:
         problems = [p for check in SPEC_CHECKS for p in check(self)]
@@ -224,11 +256,30 @@ def _check_guard_groups(spec: Spec) -> Iterator[str]:
             yield f"two different guards are named '{guard.name}'"
 
 
+def _check_seeds(spec: Spec) -> Iterator[str]:
+    if spec.seeds and spec.operation not in LIFECYCLE:
+        yield (f"a {spec.operation} spec has no target to seed facts from "
+               f"(seeds: {', '.join(f.name for f in spec.seeds)})")
+
+
+def _check_uses(spec: Spec) -> Iterator[str]:
+    """Each fact a step uses is made by some step of the spec or seeded: a `uses` nothing can
+    fill is a name typed wrong, or a read of another operation's fact."""
+    available = {f.name for f in (*spec.seeds, *spec.makes())}
+    for step in spec.steps:
+        for used in step.uses:
+            if used.name not in available:
+                yield (f"step '{step.name}' uses fact '{used.name}', which no step of the spec "
+                       "makes and no seed brings")
+
+
 def _check_facts(spec: Spec) -> Iterator[str]:
-    """On every combination of guards, each fact a step needs is made by an earlier step."""
+    """On every combination of guards, each fact a step needs is made by an earlier step (or
+    seeded from the target)."""
     missing: dict[tuple[str, str], list[str]] = {}
+    seeded = {f.name for f in spec.seeds}
     for assignment in _guard_paths(spec.guards()):
-        made: set[str] = set()
+        made: set[str] = set(seeded)
         for step in spec.steps:
             if step.when is not None and not assignment[step.when.name]:
                 continue
@@ -238,8 +289,8 @@ def _check_facts(spec: Spec) -> Iterator[str]:
                     missing.setdefault((step.name, need.name), []).append(path or "always")
             made.update(f.name for f in step.makes)
     for (step, need), paths in missing.items():
-        yield (f"step '{step}' needs fact '{need}', which no earlier step makes "
-               f"(when {paths[0]})")
+        yield (f"step '{step}' needs fact '{need}', which no earlier step makes and no seed "
+               f"brings (when {paths[0]})")
 
 
 def _guard_paths(guards: Iterable[Guard]) -> Iterator[dict[str, bool]]:
@@ -271,7 +322,9 @@ SPEC_CHECKS: tuple[Callable[[Spec], Iterable[str]], ...] = (
     _check_names,
     _check_compensations,
     _check_guard_groups,
+    _check_seeds,
     _check_facts,
+    _check_uses,
     _check_graph,
 )
 """What a spec must satisfy when it is defined."""

@@ -3,7 +3,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from coldsnap.machine import CaptureRequest, Machine, ModelRef, Request, RestoreRequest
-from coldsnap.testing import FaultPlan, MemoryWorld, inject_faults, memory_registry
+from coldsnap.testing import FaultPlan, MemoryWorld, inject_faults
+
+from ._lifecycle import lifecycle_registry
 
 
 def capture_request(tmp: Path, driver: str = "n610", provider: str = "native", *,
@@ -29,8 +31,8 @@ def restore_request(tmp: Path, driver: str = "n610", provider: str = "native", *
 def memory_machine(world: MemoryWorld, request: Request, plan: FaultPlan | None = None,
                    **kw) -> Machine:
     """A Machine over the doubles of `world` that `request` names (faults injected by `plan`),
-    with the real specs."""
-    registry = memory_registry(world)
+    with the real capture and restore specs (and the lifecycle doubles of ._lifecycle)."""
+    registry = lifecycle_registry(world)
     components = registry.components(request).by_role()
     if plan is not None:
         components = inject_faults(components, plan)

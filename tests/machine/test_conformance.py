@@ -8,14 +8,16 @@ from pathlib import Path
 from hypothesis import settings
 
 from coldsnap.machine import CaptureRequest, ModelRef, RestoreRequest
-from coldsnap.testing import MachineConformance, MemoryWorld, memory_registry
+from coldsnap.testing import MachineConformance, MemoryWorld
+
+from ._lifecycle import lifecycle_registry
 
 
 class MemoryConformance(MachineConformance):
     def __init__(self) -> None:
         super().__init__()
         self.world = MemoryWorld()
-        self.registry = memory_registry(self.world)
+        self.registry = lifecycle_registry(self.world)  # the kit stops what it restores
         (self._tmp / "model").mkdir()
 
     def transient(self) -> frozenset[str]:

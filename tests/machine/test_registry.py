@@ -102,10 +102,10 @@ def test_specs_must_be_the_drivers_own_capture_and_restore() -> None:
         )
     message = str(info.value)
     assert (
-        "spec 'restore-n610' is a restore spec of driver 'n610', not the capture spec of 'x3'"
-        in (message)
+        "spec 'restore-n610' is a restore spec of driver 'n610', not the capture spec of "
+        "driver 'x3'" in message
     )
-    assert "not the restore spec of 'x3'" in message
+    assert "not the restore spec of driver 'x3'" in message
 
 
 @pytest.mark.parametrize(

@@ -84,8 +84,8 @@ def _step(name: str, **kw: object) -> Step:
         (lambda: _step("a", on_interrupt="retyr"),
          "Step field 'on_interrupt': 'retry' or 'compensate', got 'retyr'"),
         (lambda: Spec("x", "captur", "n610", [_step("a")]),
-         "Spec field 'operation': 'capture' or 'restore', got 'captur'"),
-        (lambda: Spec("x", "capture", "N-610", [_step("a")]), "Spec field 'driver'"),
+         "Spec field 'operation': one of capture, restore, stop, sleep, wake, got 'captur'"),
+        (lambda: Spec("x", "capture", "N-610", [_step("a")]), "Spec field 'owner'"),
     ],
 )
 def test_field_rules_name_the_field_and_the_value(build, message: str) -> None:
@@ -130,7 +130,7 @@ def test_stripping_any_compensation_is_refused(spec: Spec) -> None:
         bare = evolve(step, compensation=None, no_compensation=None)
         steps = [*spec.steps[:index], bare, *spec.steps[index + 1 :]]
         with pytest.raises(SpecError, match=f"step '{step.name}': has a side effect but neither"):
-            Spec(spec.name, spec.operation, spec.driver, steps)
+            Spec(spec.name, spec.operation, spec.owner, steps)
 
 
 # -- facts: every need made by an earlier step on every guard path ------------------------------
@@ -210,7 +210,7 @@ def test_dropping_what_a_real_step_makes_is_refused(spec: Spec) -> None:
             thin = evolve(step, makes=tuple(f for f in step.makes if f != made))
             steps = [*spec.steps[:index], thin, *spec.steps[index + 1 :]]
             with pytest.raises(SpecError, match=f"needs fact '{made.name}'"):
-                Spec(spec.name, spec.operation, spec.driver, steps)
+                Spec(spec.name, spec.operation, spec.owner, steps)
 
 
 def test_the_shared_steps_hand_the_engine_what_it_needs() -> None:

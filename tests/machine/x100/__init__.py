@@ -18,7 +18,7 @@ from typing import Any
 from coldsnap.machine import Engine, Registry
 
 from ._driver import X100Driver
-from ._specs import CAPTURE, RESTORE, SLOT
+from ._specs import CAPTURE, RESTORE, SLOT, STOP
 
 NAME = "x100"
 
@@ -33,10 +33,11 @@ def register(registry: Registry) -> None:
         NAME,
         capture=CAPTURE,
         restore=RESTORE,
+        stop=STOP,
         build=build,
         cls=X100Driver,
         doc="parks the released engine's process in a slot (a test driver)",
     )
 
 
-__all__ = ["CAPTURE", "NAME", "RESTORE", "SLOT", "X100Driver", "build", "register"]
+__all__ = ["CAPTURE", "NAME", "RESTORE", "SLOT", "STOP", "X100Driver", "build", "register"]

@@ -76,3 +76,21 @@ RESTORE = Spec(
         s.ACCEPTANCE,
     ],
 )
+
+STOP = Spec(
+    "stop-x100",
+    "stop",
+    "x100",
+    doc="Stop the unparked engine.",
+    seeds=(s.ENGINE_PID,),
+    steps=[
+        Step(
+            "stop_engine",
+            "driver.stop_engine",
+            "stop the engine",
+            no_compensation="a stopped engine is not started again",
+            on_interrupt="retry",
+            needs=(s.ENGINE_PID,),
+        )
+    ],
+)
