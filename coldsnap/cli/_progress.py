@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import TextIO
 
@@ -32,8 +33,15 @@ class LiveSteps:
     stops the display (and its thread) on exit."""
 
     def __init__(
-        self, *, stream: TextIO | None = None, every_s: float = 15.0, live: bool | None = None
+        self,
+        *,
+        stream: TextIO | None = None,
+        every_s: float = 15.0,
+        live: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`clock` gives the seconds the elapsed times are counted in (tests hand their own)."""
+        self._clock = clock
         self._stream = stream or sys.stderr
         self._console = Console(file=self._stream, stderr=stream is None)
         self._live = self._console.is_terminal if live is None else live
@@ -66,7 +74,7 @@ class LiveSteps:
         with self._lock:
             if event.phase in ("started", "compensating"):
                 what = "compensating" if event.phase == "compensating" else "running"
-                self._running, self._latest = (event.step, what, time.monotonic()), ""
+                self._running, self._latest = (event.step, what, self._clock()), ""
                 if self._live:
                     self._end_display()
                     self._status = self._console.status(_Elapsed(self), spinner="dots")
@@ -85,19 +93,23 @@ class LiveSteps:
             return ""
         step, what, started = running
         latest = f": {self._latest}" if self._latest else ""
-        return f"{step} {what} ({time.monotonic() - started:.0f} s){latest}"
+        return f"{step} {what} ({self._clock() - started:.0f} s){latest}"
 
     def _end_display(self) -> None:
         if self._status is not None:
             self._status.stop()
             self._status = None
 
+    def tick(self) -> None:
+        """Away from a terminal: one line saying which step runs and for how long (nothing
+        between steps); the display's thread calls it every `every_s` seconds."""
+        with self._lock:
+            if self._running is not None:
+                print(f"  ... {self.text()}", file=self._stream, flush=True)
+
     def _tick(self) -> None:
-        """Away from a terminal: a line every `every_s` seconds while one step runs."""
         while not self._stop.wait(self._every_s):
-            with self._lock:
-                if self._running is not None:
-                    print(f"  ... {self.text()}", file=self._stream, flush=True)
+            self.tick()
 
 
 class _Elapsed:

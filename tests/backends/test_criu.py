@@ -189,9 +189,7 @@ def _counts_past(pid: int, log: Path, pattern: str, count: int, timeout: float =
 
 def test_a_tree_left_stopped_stops_on_sigterm(criu: Criu, counter_image: CounterImage) -> None:
     tree = criu.restore(counter_image.images, stopped=True)
-    started = time.monotonic()
-    assert criu.stop(tree, timeout=20) == -signal.SIGTERM  # not SIGKILL after 20 s
-    assert time.monotonic() - started < 10
+    assert criu.stop(tree, timeout=20) == -signal.SIGTERM  # ended by it, not SIGKILL after 20 s
     assert not Path(f"/proc/{tree.pid}").exists()
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-import time
 from pathlib import Path
 
 import jsonschema
@@ -96,16 +95,16 @@ def _event(step: str, phase: str, seconds: float = 0.0) -> StepEvent:
 def test_away_from_a_terminal_a_long_step_prints_its_elapsed_time_while_it_runs(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    stream = io.StringIO()
-    with LiveSteps(stream=stream, every_s=0.05, live=False) as live:
+    stream, now = io.StringIO(), [100.0]
+    with LiveSteps(stream=stream, every_s=3600, live=False, clock=lambda: now[0]) as live:
         live(_event("wait_healthy", "started"))
-        time.sleep(0.3)
+        now[0] += 7.0
+        live.tick()  # what the display's thread does every `every_s`
         seen_while_running = stream.getvalue()
-        live(_event("wait_healthy", "done", 0.3))
-        time.sleep(0.15)
-    assert "... wait_healthy running (0 s)" in seen_while_running
-    quiet_after = stream.getvalue()[len(seen_while_running) :]
-    assert "wait_healthy running" not in quiet_after.split("\n", 1)[-1]
+        live(_event("wait_healthy", "done", 7.0))
+        live.tick()
+    assert seen_while_running == "  ... wait_healthy running (7 s)\n"
+    assert stream.getvalue() == seen_while_running, "a line after the step ended"
     assert "wait_healthy" in capsys.readouterr().out  # the line once it ended
 
 

@@ -1,9 +1,9 @@
 """Retiring a captured source kills its whole tree at once.
 
 The source is dumped and quiesced, so a graceful drain has nothing to save; SGLang's would only
-start after its SIGTERM watchdog's next 5 s poll. The stand-in tree here ignores SIGTERM (root
-and child alike): a driver that still asked it to stop and waited would take its full timeout
-(20 s) instead of returning at once."""
+start after its SIGTERM watchdog's next 5 s poll. The stand-in tree here notes every SIGTERM
+it gets in a file and goes on running (root and child alike): a driver that asked it to drain
+leaves that note, one that kills it at once leaves none."""
 
 from __future__ import annotations
 
@@ -21,11 +21,14 @@ from coldsnap.drivers.n580 import N580Driver
 from coldsnap.drivers.n610 import N610Driver
 from coldsnap.machine import LaunchCommand
 
-# Root and child ignore SIGTERM; the child's PID is written once both run.
+# Root and child note SIGTERM and go on; the child's PID is written once both run.
 _STUBBORN_TREE = textwrap.dedent(
     """
     import os, signal, sys, time
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    def asked(*_):
+        with open(sys.argv[1] + ".term", "a") as f:
+            f.write(f"{os.getpid()}\\n")
+    signal.signal(signal.SIGTERM, asked)
     child = os.fork()
     if child == 0:
         time.sleep(600)
@@ -73,12 +76,10 @@ def _n580() -> N580Driver:
 def test_retire_source_kills_the_tree_at_once_and_reaps_it(make: Any, tmp_path: Path) -> None:
     driver = make()
     root, child = _start(driver, tmp_path)
-    started = time.monotonic()
     driver.retire_source(_ctx(tmp_path, root))
-    took = time.monotonic() - started
     assert not pid_exists(root), "the source's root still holds its PID (not reaped?)"
     assert not pid_exists(child), "the source's child still holds its PID"
-    assert took < 5.0, f"retire_source took {took:.1f} s: it waited for a drain"
+    assert not (tmp_path / "child.pid.term").exists(), "retire_source asked for a drain"
     driver.retire_source(_ctx(tmp_path, root))  # a retried step finds nothing left: no error
 
 
