@@ -1,6 +1,6 @@
 """JSON Schemas of the request files, generated from the attrs request classes, so that the
 documented form cannot drift from the one `parse_request` accepts (docs/schema/*.json, checked
-by a test; `coldsnap schema capture|restore [--write]`)."""
+by a test; `coldsnap schema capture|restore|stop|sleep|wake [--write]`)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,22 @@ from typing import Any
 
 import attrs
 
-from coldsnap.machine import CaptureRequest, RestoreRequest
+from coldsnap.machine import (
+    CaptureRequest,
+    RestoreRequest,
+    SleepRequest,
+    StopRequest,
+    WakeRequest,
+)
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "docs" / "schema"
-CLASSES: dict[str, type] = {"capture": CaptureRequest, "restore": RestoreRequest}
+CLASSES: dict[str, type] = {
+    "capture": CaptureRequest,
+    "restore": RestoreRequest,
+    "stop": StopRequest,
+    "sleep": SleepRequest,
+    "wake": WakeRequest,
+}
 
 _ABOUT: dict[str, str] = {
     "kind": "what this file is",
@@ -48,6 +60,7 @@ _ABOUT: dict[str, str] = {
     "by default",
     "keep_source": "leave the captured engine running after the capture",
     "timeouts": "seconds per step name, replacing the spec's timeout for that step",
+    "target": "absolute path of the workdir of the capture or restore whose engine this acts on",
 }
 
 
