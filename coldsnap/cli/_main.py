@@ -14,11 +14,13 @@ from coldsnap.machine import (
     JOURNAL_NAME,
     REGISTRY,
     Machine,
+    StopRequest,
     document,
     parse_request,
     read_journal,
 )
 
+from . import _serving
 from ._doctor import doctor
 from ._errors import finish, reported
 from ._lifecycle import schema, sleep, status, stop, wake
@@ -47,11 +49,14 @@ def _debug() -> bool:
 @main.command()
 @click.argument("workdir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 def resume(workdir: Path) -> None:
-    """Resume (or compensate) the operation journaled in WORKDIR."""
+    """Resume (or compensate) the operation journaled in WORKDIR: a capture or restore, or a
+    stop, sleep or wake (journaled under the restore's workdir, in ops/<operation>-<n>)."""
     with reported(_debug):
         request = parse_request(read_journal(workdir / JOURNAL_NAME)[0].request or {})
         machine = Machine.for_request(request, subscribers=[print_event])
         receipt = machine.resume(workdir)
+        if isinstance(request, StopRequest) and receipt.ok:
+            _serving.forget(Path(request.target))  # what `coldsnap stop` does once it is done
     finish(receipt)
 
 
@@ -65,7 +70,7 @@ def plan(request_file: str) -> None:
 
     with reported(_debug):
         request = load(request_file)
-        spec = REGISTRY.spec(request.operation, request.driver)
+        spec = REGISTRY.spec(request.operation, request)
         text = plan_text(spec, request, REGISTRY.components(request).by_role())
     click.echo(text)
 

@@ -194,3 +194,30 @@ def test_a_workdir_without_a_finished_operation_has_nothing_to_stop(tmp_path: Pa
     (tmp_path / "op").mkdir()
     result = cli("stop", str(tmp_path / "op"))
     assert result.exit_code == 2 and "no capture or restore journaled there" in result.stderr
+
+
+def test_a_stop_whose_orchestrator_died_is_finished_by_resume(
+    tmp_path: Path, env, engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from coldsnap.drivers.n610 import N610Driver
+
+    workdir = _restored(tmp_path, engine)
+    real = N610Driver.stop_engine
+
+    def dies(self: N610Driver, ctx: Any) -> None:
+        raise KeyboardInterrupt  # the orchestrator ends mid-step: no step_end, no receipt
+
+    monkeypatch.setattr(N610Driver, "stop_engine", dies)
+    with pytest.raises(KeyboardInterrupt):
+        from coldsnap.cli._serving import stop
+
+        stop(workdir)
+    state = json.loads(cli("status", "--json", "tiny").stdout)
+    assert state["running"] and state["pending"] == str(workdir / "ops" / "stop-1")
+    refused = cli("stop", "tiny")
+    assert refused.exit_code == 2 and "coldsnap resume" in refused.stderr
+    monkeypatch.setattr(N610Driver, "stop_engine", real)
+    resumed = cli("resume", str(workdir / "ops" / "stop-1"))
+    assert resumed.exit_code == 0, resumed.output
+    assert engine.proc.wait(10) is not None and not engine.runtime_dir.exists()
+    assert "nothing serving" in cli("status").stdout
