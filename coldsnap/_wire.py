@@ -35,11 +35,15 @@ STATUS_FORMAT = 1
 STATUS_KIND = "coldsnap.sglang.process-status"
 
 # -- the resume plan, written by the engine adapter, read by the plugin --------------------------
-PLAN_FORMAT = 1
+PLAN_FORMAT = 2
 PLAN_KIND = "coldsnap.sglang.resume-plan"
 PLAN_FILE = "resume-plan.json"
-PROVIDERS = ("native", "recovery")
-_NEEDS = {"native": ("payload_dir",), "recovery": ("checkpoint",)}
+PAYLOAD_SOURCE = "payload"
+CHECKPOINT_SOURCE = "checkpoint"
+SOURCES = (PAYLOAD_SOURCE, CHECKPOINT_SOURCE)
+"""What a plan refills the weights from (coldsnap.machine.WeightSource's `source`), never which
+provider chose it."""
+_NEEDS = {PAYLOAD_SOURCE: ("payload_dir",), CHECKPOINT_SOURCE: ("checkpoint",)}
 _PATHS = ("payload_dir", "checkpoint", "draft_checkpoint")
 
 
@@ -81,13 +85,13 @@ _str = optional(instance_of(str))
 class ResumePlan:
     """What the plugin does when weights are resumed after a restore.
 
-    native: hydrate the registered storages from `payload_dir` (the layout export wrote:
-        `<payload_dir>/tp<rank>/<role>`). recovery: resume the weights region, load
+    payload: hydrate the registered storages from `payload_dir` (the layout export wrote:
+        `<payload_dir>/tp<rank>/<role>`). checkpoint: resume the weights region, load
         `checkpoint` (and a draft model from its own `draft_checkpoint`) through SGLang's
         update-from-disk path, then resume kv_cache and cuda_graph in a second phase.
     """
 
-    provider: str = attrs.field(validator=instance_of(str))
+    source: str = attrs.field(validator=instance_of(str))
     payload_dir: str | None = attrs.field(default=None, validator=_str)
     checkpoint: str | None = attrs.field(default=None, validator=_str)
     draft_checkpoint: str | None = attrs.field(default=None, validator=_str)
@@ -105,11 +109,11 @@ class ResumePlan:
             out.append(("format", f"unsupported {self.format} (known: {PLAN_FORMAT})"))
         if self.kind != PLAN_KIND:
             out.append(("kind", f"expected {PLAN_KIND!r}, got {self.kind!r}"))
-        if self.provider not in PROVIDERS:
-            out.append(("provider", f"{self.provider!r} is not one of: {', '.join(PROVIDERS)}"))
-        for name in _NEEDS.get(self.provider, ()):
+        if self.source not in SOURCES:
+            out.append(("source", f"{self.source!r} is not one of: {', '.join(SOURCES)}"))
+        for name in _NEEDS.get(self.source, ()):
             if not getattr(self, name):
-                out.append((name, f"required for provider {self.provider}"))
+                out.append((name, f"required for a {self.source} source"))
         for name in _PATHS:
             value = getattr(self, name)
             if value and not os.path.isabs(value):
@@ -150,7 +154,7 @@ def read_plan(runtime_dir: Path) -> ResumePlan:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise PlanError(
-            f"no resume plan at {path}: write one (provider native or recovery) before "
+            f"no resume plan at {path}: write one (source payload or checkpoint) before "
             "resuming the weights of a released coldsnap engine"
         ) from None
     except ValueError as exc:
@@ -159,16 +163,18 @@ def read_plan(runtime_dir: Path) -> ResumePlan:
 
 
 __all__ = [
+    "CHECKPOINT_SOURCE",
     "CUDA_GRAPH",
     "FLAG_FALSE",
     "FLAG_TRUE",
     "FLAG_VALUES",
     "KV_CACHE",
     "MEMORY_TAGS",
+    "PAYLOAD_SOURCE",
     "PLAN_FILE",
     "PLAN_FORMAT",
     "PLAN_KIND",
-    "PROVIDERS",
+    "SOURCES",
     "STATUS_FORMAT",
     "STATUS_KIND",
     "WEIGHTS",

@@ -1,13 +1,18 @@
-"""What a driver needs from the engine adapter to start the engine: a command line and the
-modules a template should import first, never the engine's internals."""
+"""What a driver needs from the engine adapter to start the engine (a command line, the modules
+a template should import first), and what the engine must start with (a weight source the
+provider chose): never the engine's internals, nor a provider's name."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
-from attrs import field, frozen
+from attrs import asdict, field, frozen
+from attrs.validators import in_, instance_of, optional
+
+from ._errors import DefinitionError
 
 
 def _as_tuple(value: Any) -> tuple[str, ...]:
@@ -28,10 +33,74 @@ class LaunchCommand:
     cwd: str | None = None
 
 
+PAYLOAD = "payload"
+CHECKPOINT = "checkpoint"
+SOURCES = (PAYLOAD, CHECKPOINT)
+
+_path = optional(instance_of(str))
+
+
+class WeightSourceError(DefinitionError, ValueError):
+    """A weight source that is malformed; the message names the field."""
+
+
+@frozen(kw_only=True)
+class WeightSource:
+    """What the engine starts with, as the provider chose it (fact `weight_source`).
+
+    payload: the engine's own final storages. At capture the engine exports them on release
+        into a directory it picks (`payload_dir` None); at restore it refills them from
+        `payload_dir`, which `preverified` says the provider verified block by block.
+    checkpoint: the engine loads `checkpoint` (and a speculative draft model from its own
+        `draft_checkpoint`) through its ordinary loader.
+    """
+
+    source: Literal["payload", "checkpoint"] = field(validator=in_(SOURCES))
+    payload_dir: str | None = field(default=None, validator=_path)
+    checkpoint: str | None = field(default=None, validator=_path)
+    draft_checkpoint: str | None = field(default=None, validator=_path)
+    preverified: bool = field(default=False, validator=instance_of(bool))
+
+    def __attrs_post_init__(self) -> None:
+        if self.source == CHECKPOINT and not self.checkpoint:
+            raise WeightSourceError("weight source field 'checkpoint': required for a checkpoint")
+        if self.source == PAYLOAD and (self.checkpoint or self.draft_checkpoint):
+            raise WeightSourceError(
+                "weight source field 'checkpoint': a payload source names no checkpoint"
+            )
+        if self.payload_dir and not os.path.isabs(self.payload_dir):
+            raise WeightSourceError(
+                f"weight source field 'payload_dir': {self.payload_dir!r} is not an absolute path"
+            )
+
+    @property
+    def payload(self) -> bool:
+        return self.source == PAYLOAD
+
+    def to_fact(self) -> dict[str, Any]:
+        """The JSON-able form the journal keeps."""
+        return asdict(self)
+
+    @classmethod
+    def from_fact(cls, data: Any) -> WeightSource:
+        """The record a `to_fact()` wrote; WeightSourceError naming an unknown, missing or
+        mistyped field."""
+        if isinstance(data, WeightSource):
+            return data
+        if not isinstance(data, Mapping):
+            raise WeightSourceError(f"weight source: expected an object, got {type(data).__name__}")
+        try:
+            return cls(**{str(k): v for k, v in data.items()})
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, WeightSourceError):
+                raise
+            raise WeightSourceError(f"weight source is malformed: {exc}") from None
+
+
 @runtime_checkable
 class Launcher(Protocol):
     """Builds the engine's command for an operation. `workdir` is the operation's folder;
-    `provider` is the weight provider the engine must start with (a restore may change it).
+    `weights` is what the engine must start with (the provider chose it: fact `weight_source`).
 
     `template_preload` lists the modules an n580 template imports before it is dumped;
     `forkserver_preload` those its forkserver imports so the engine's children start warm (None:
@@ -40,4 +109,12 @@ class Launcher(Protocol):
     template_preload: tuple[str, ...]
     forkserver_preload: tuple[str, ...] | None
 
-    def command(self, request: Any, workdir: Path, *, provider: str) -> LaunchCommand: ...
+    def command(self, request: Any, workdir: Path, *, weights: WeightSource) -> LaunchCommand: ...
+
+
+def launch_weights(ctx: Any) -> WeightSource:
+    """The weight source a driver's launch step hands the launcher: the step's `weight_source`
+    fact (made by the provider's `launch_weights` at capture, by its `stage` at restore)."""
+    from ._steps import WEIGHT_SOURCE  # the shared vocabulary imports this module's neighbours
+
+    return WeightSource.from_fact(ctx.facts[WEIGHT_SOURCE.name])

@@ -33,7 +33,7 @@ from typing import Any
 
 from coldsnap._atomic import write_json_atomic
 from coldsnap._errors import PluginError
-from coldsnap._wire import MEMORY_TAGS, PLAN_FILE, WEIGHTS, read_plan
+from coldsnap._wire import MEMORY_TAGS, PAYLOAD_SOURCE, PLAN_FILE, WEIGHTS, read_plan
 from coldsnap.distributed import BarrierError
 
 from . import _nccl, _payload, _shapes
@@ -178,7 +178,7 @@ class SchedulerHooks:
         self.status.update(
             "registered", registered={**self.status.record.get("registered", {}), role: info}
         )
-        if self.settings.mode == "restore" and self.settings.startup_provider == "native":
+        if self.settings.mode == "restore" and self.settings.startup_source == PAYLOAD_SOURCE:
             assert self.settings.artifact_dir is not None  # settings cross-check
             src = _payload.pack_dir(self.settings.artifact_dir, _tp_rank(), role)
             t0 = time.perf_counter()
@@ -401,7 +401,7 @@ class SchedulerHooks:
         """Checks the plan against this rank's registry; opens and verifies native packs."""
         self._require_registered()
         staged: dict[str, Any] = {"nccl": None, "sources": {}, "verify_seconds": {}, "rank": rank}
-        if plan.provider == "native":
+        if plan.source == PAYLOAD_SOURCE:
             verify = not (plan.preverified or self.settings.artifact_preverified)
             for entry in self.registry.models():
                 src = _payload.pack_dir(plan.payload_dir, rank, entry.role)
@@ -442,9 +442,9 @@ class SchedulerHooks:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> dict[str, Any]:
-        detail: dict[str, Any] = {"provider": plan.provider, "nccl": staged["nccl"]}
+        detail: dict[str, Any] = {"source": plan.source, "nccl": staged["nccl"]}
         t0 = time.perf_counter()
-        if plan.provider == "native":
+        if plan.source == PAYLOAD_SOURCE:
             original(mgr, recv_req, *args, **kwargs)
             hydrated = {}
             for entry in self.registry.models():

@@ -21,7 +21,7 @@ MODES = ("off", "capture", "restore")
 # What released weights keep, and where (coldsnap.plugin._memory): nothing, a host copy, or a
 # native pack under the process artifact root.
 LIVE_BACKINGS = ("discard", "cpu", "disk")
-STARTUP_PROVIDERS = ("checkpoint", "native", "recovery")
+STARTUP_SOURCES = ("checkpoint", "payload")
 # Load formats that read a checkpoint from a local directory (SGLang `LoadFormat` values);
 # admission also checks that the installed SGLang knows the one chosen.
 RECOVERY_LOAD_FORMATS = ("auto", "safetensors", "pt")
@@ -70,7 +70,7 @@ class Settings:
     runtime_dir: Path | None = None
     artifact_preverified: bool = False
     export_model_payload: bool = False
-    startup_provider: str = "checkpoint"
+    startup_source: str = "checkpoint"
     recovery_load_format: str = "auto"
     async_cuda_graphs: bool = False
     shape_calibration: str = "off"
@@ -91,7 +91,7 @@ _VARIABLES: dict[str, tuple[str, str, tuple[str, ...] | None]] = {
     "COLDSNAP_RUNTIME_DIR": ("runtime_dir", "path", None),
     "COLDSNAP_ARTIFACT_PREVERIFIED": ("artifact_preverified", "bool", BOOL_VALUES),
     "COLDSNAP_EXPORT_MODEL_PAYLOAD": ("export_model_payload", "bool", BOOL_VALUES),
-    "COLDSNAP_SGLANG_STARTUP_PROVIDER": ("startup_provider", "choice", STARTUP_PROVIDERS),
+    "COLDSNAP_SGLANG_STARTUP_SOURCE": ("startup_source", "choice", STARTUP_SOURCES),
     "COLDSNAP_SGLANG_RECOVERY_LOAD_FORMAT": (
         "recovery_load_format",
         "choice",
@@ -184,19 +184,19 @@ def _cross_checks(s: Settings) -> list[tuple[str, str]]:
                 "must be set when COLDSNAP_EXPORT_MODEL_PAYLOAD is on (accepted: an absolute path)",
             )
         )
-    if s.startup_provider == "native" and s.artifact_dir is None:
+    if s.startup_source == "payload" and s.artifact_dir is None:
         problems.append(
             (
                 "COLDSNAP_ARTIFACT_DIR",
-                "must be set when COLDSNAP_SGLANG_STARTUP_PROVIDER=native "
+                "must be set when COLDSNAP_SGLANG_STARTUP_SOURCE=payload "
                 "(accepted: an absolute path)",
             )
         )
-    if s.startup_provider != "checkpoint" and s.mode != "restore":
+    if s.startup_source != "checkpoint" and s.mode != "restore":
         problems.append(
             (
-                "COLDSNAP_SGLANG_STARTUP_PROVIDER",
-                f"{s.startup_provider!r} applies only with COLDSNAP_MODE=restore "
+                "COLDSNAP_SGLANG_STARTUP_SOURCE",
+                f"{s.startup_source!r} applies only with COLDSNAP_MODE=restore "
                 f"(accepted here: checkpoint)",
             )
         )

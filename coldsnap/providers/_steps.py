@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from coldsnap.artifacts import checkpoint_digests
-from coldsnap.machine import ComponentError, Registry, StepContext
+from coldsnap.machine import ComponentError, Registry, StepContext, WeightSource
 from coldsnap.machine import steps as s
 
 from ._errors import CheckpointError, PackDamaged, ProviderError
@@ -35,6 +35,10 @@ class NativeProvider:
 
     name = "native"
     capabilities = frozenset({"payload"})
+
+    def launch_weights(self, ctx: StepContext) -> dict[str, Any]:
+        """At capture the engine exports its final storages on release (it picks where)."""
+        return {s.WEIGHT_SOURCE.name: WeightSource(source="payload").to_fact()}
 
     def export(self, ctx: StepContext) -> dict[str, Any]:
         """Finds the payload the engine exported at release: `<root>/tp<rank>/<role>/` packs
@@ -71,12 +75,9 @@ class NativeProvider:
         for pack in packs:
             ctx.check()
             seconds += verify_pack(PackDirectory(pack))
+        source = WeightSource(source="payload", payload_dir=str(payload), preverified=True)
         return {
-            s.WEIGHT_SOURCE.name: {
-                "provider": self.name,
-                "payload_dir": str(payload),
-                "preverified": True,
-            },
+            s.WEIGHT_SOURCE.name: source.to_fact(),
             s.VERIFY_SECONDS.name: round(seconds, 3),
         }
 
@@ -87,6 +88,10 @@ class RecoveryProvider:
 
     name = "recovery"
     capabilities = frozenset({"checkpoint"})
+
+    def launch_weights(self, ctx: StepContext) -> dict[str, Any]:
+        """At capture the engine loads the model's checkpoint (and its draft's) as usual."""
+        return {s.WEIGHT_SOURCE.name: _checkpoint_source(ctx.request).to_fact()}
 
     def export(self, ctx: StepContext) -> None:
         """Never selected: the export step is guarded by capability `payload`."""
@@ -113,7 +118,7 @@ class RecoveryProvider:
                 f"model.path {path}", ["the capsule pins no checkpoint file to check against"]
             )
         _check_pins("model.path", path, pinned)
-        source = {"provider": self.name, "checkpoint": path}
+        source = WeightSource(source="checkpoint", checkpoint=path)
         draft_pins: dict[str, str] = ctx.facts.get(s.CAPSULE_DRAFT_CHECKPOINT.name) or {}
         if draft_pins:
             draft = getattr(ctx.request, "draft", None)
@@ -122,11 +127,20 @@ class RecoveryProvider:
                     "draft", ["the capsule serves a speculative draft model: name its checkpoint"]
                 )
             _check_pins("draft.path", draft.path, draft_pins)
-            source["draft_checkpoint"] = draft.path
+            source = WeightSource(source="checkpoint", checkpoint=path, draft_checkpoint=draft.path)
         return {
-            s.WEIGHT_SOURCE.name: source,
+            s.WEIGHT_SOURCE.name: source.to_fact(),
             s.CHECKPOINT_FILES.name: len(pinned) + len(draft_pins),
         }
+
+
+def _checkpoint_source(request: Any) -> WeightSource:
+    draft = getattr(request, "draft", None)
+    return WeightSource(
+        source="checkpoint",
+        checkpoint=request.model.path,
+        draft_checkpoint=draft.path if draft is not None else None,
+    )
 
 
 def _check_pins(field: str, path: str, pinned: dict[str, str]) -> None:

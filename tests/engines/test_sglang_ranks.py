@@ -21,7 +21,10 @@ from coldsnap._wire import STATUS_FORMAT, STATUS_KIND, status_path
 from coldsnap.engines import EngineError
 from coldsnap.engines.sglang import SGLangEngine, SGLangLauncher, TopologyArgsError, cpu_binding
 from coldsnap.engines.sglang._ranks import census
+from coldsnap.machine import WeightSource
 from coldsnap.machine import steps as s
+
+FROM_CHECKPOINT = WeightSource(source="checkpoint", checkpoint="/models/m")
 
 
 @pytest.fixture
@@ -80,8 +83,9 @@ def ctx(runtime_dir: Path, root: int, pids: dict[str, int] | None = None, **req:
             s.RUNTIME_DIR.name: str(runtime_dir),
             s.ENGINE_PID.name: root,
             s.CAPSULE.name: capsule,
+            s.WEIGHT_SOURCE.name: FROM_CHECKPOINT.to_fact(),
         },
-        request=SimpleNamespace(provider="recovery", **req),
+        request=SimpleNamespace(**req),
         check=lambda: None,
     )
 
@@ -152,15 +156,15 @@ def test_the_launcher_turns_tp_into_sglangs_arguments(tmp_path: Path) -> None:
         return SimpleNamespace(operation="capture", model=model, tp=tp, engine_args=args)
 
     cpu = SGLangLauncher(("--device", "cpu"), cpu=True)
-    one = cpu.command(request(1), tmp_path, provider="recovery")
+    one = cpu.command(request(1), tmp_path, weights=FROM_CHECKPOINT)
     assert "--tp-size" not in one.argv and "SGLANG_CPU_OMP_THREADS_BIND" not in one.env
-    two = cpu.command(request(2), tmp_path, provider="recovery")
+    two = cpu.command(request(2), tmp_path, weights=FROM_CHECKPOINT)
     assert two.argv[two.argv.index("--tp-size") + 1] == "2" and "--sleep-on-idle" in two.argv
     assert two.env["SGLANG_CPU_OMP_THREADS_BIND"].count("|") == 1
-    gpu = SGLangLauncher().command(request(2), tmp_path, provider="recovery")
+    gpu = SGLangLauncher().command(request(2), tmp_path, weights=FROM_CHECKPOINT)
     assert "--tp-size" in gpu.argv and "SGLANG_CPU_OMP_THREADS_BIND" not in gpu.env
     with pytest.raises(TopologyArgsError, match="engine_args: --tp-size=2 is not accepted"):
-        cpu.command(request(1, ("--tp-size=2",)), tmp_path, provider="recovery")
+        cpu.command(request(1, ("--tp-size=2",)), tmp_path, weights=FROM_CHECKPOINT)
 
 
 def test_cpu_binding_splits_the_cpus_between_ranks() -> None:

@@ -149,7 +149,7 @@ def test_it_is_an_engine_with_capabilities_not_names() -> None:
 def test_each_step_returns_only_what_its_step_makes(tmp_path: Path, graphs: bool) -> None:
     mock = MockSGLang(runtime_dir=tmp_path, report=measured())
     engine = adapter(mock, graphs=graphs)
-    source = {"provider": "recovery", "checkpoint": "/models/m"}
+    source = {"source": "checkpoint", "checkpoint": "/models/m"}
     capsule = {
         s.ACCEPTANCE_TOKENS.name: TOKENS,
         s.TP_SIZE.name: 1,
@@ -286,8 +286,8 @@ def test_resume_rest_resumes_graphs_only_where_there_are(
 @pytest.mark.parametrize(
     "source",
     [
-        {"provider": "native", "payload_dir": "/capsule/payload", "preverified": True},
-        {"provider": "recovery", "checkpoint": "/models/m"},
+        {"source": "payload", "payload_dir": "/capsule/payload", "preverified": True},
+        {"source": "checkpoint", "checkpoint": "/models/m"},
     ],
 )
 def test_resume_weights_writes_the_weight_source_as_the_plan(
@@ -303,7 +303,7 @@ def test_resume_weights_writes_the_weight_source_as_the_plan(
 
 def test_a_malformed_weight_source_is_refused_before_any_call(tmp_path: Path) -> None:
     mock = MockSGLang()
-    source = {"provider": "native", "payload_dir": "/p", "pack": "extra"}
+    source = {"source": "payload", "payload_dir": "/p", "pack": "extra"}
     with pytest.raises(PlanError, match="pack"):
         adapter(mock).resume_weights(ctx(tmp_path, **{s.WEIGHT_SOURCE.name: source}))
     assert mock.calls == [] and not (tmp_path / PLAN_FILE).exists()

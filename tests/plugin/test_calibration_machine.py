@@ -20,7 +20,7 @@ from coldsnap.artifacts import record_digest
 from coldsnap.capsules import StoreArtifacts
 from coldsnap.engines.sglang import SGLangEngine
 from coldsnap.engines.sglang import _steps as engine_steps
-from coldsnap.machine import CaptureRequest, Machine, ModelRef
+from coldsnap.machine import CaptureRequest, Machine, ModelRef, WeightSource
 from coldsnap.machine import steps as s
 from coldsnap.testing import MemoryLauncher, MemoryProcessDriver, MemoryWorld, memory_registry
 
@@ -38,8 +38,8 @@ class Launcher(MemoryLauncher):
         super().__init__(world)
         self.runtime_dir = runtime_dir
 
-    def command(self, request: Any, workdir: Path, *, provider: str) -> Any:
-        command = super().command(request, workdir, provider=provider)
+    def command(self, request: Any, workdir: Path, *, weights: WeightSource) -> Any:
+        command = super().command(request, workdir, weights=weights)
         env = {**command.env, "COLDSNAP_RUNTIME_DIR": str(self.runtime_dir)}
         return type(command)(argv=command.argv, env=env, url=command.url)
 
@@ -115,7 +115,7 @@ def _model(tmp_path: Path) -> Path:
 @pytest.fixture(autouse=True)
 def memory_pids_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """The in-memory world's pids are not this host's: the engine steps take them as running."""
-    monkeypatch.setattr(engine_steps, "_running", lambda pid: True)
+    monkeypatch.setattr(engine_steps, "running", lambda pid: True)
 
 
 def test_a_failed_calibration_fails_the_capture_and_compensates(tmp_path: Path) -> None:

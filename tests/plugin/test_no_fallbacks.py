@@ -69,8 +69,8 @@ def _hooks(tmp_path: Path) -> sched.SchedulerHooks:
 @pytest.mark.parametrize(
     ("plan", "field"),
     [
-        ({"provider": "recovery", "checkpoint": 7}, "checkpoint"),
-        ({"provider": "recovery", "checkpoint": "/c", "draft_checkpont": "/d"}, "draft_checkpont"),
+        ({"source": "checkpoint", "checkpoint": 7}, "checkpoint"),
+        ({"source": "checkpoint", "checkpoint": "/c", "draft_checkpont": "/d"}, "draft_checkpont"),
         ([1, 2], "expected an object"),
         ("{not json", "not JSON"),
     ],

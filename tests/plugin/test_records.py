@@ -38,7 +38,7 @@ def test_status_without_runtime_dir_writes_nothing(tmp_path: Path) -> None:
 
 
 def test_plan_round_trip(tmp_path: Path) -> None:
-    plan = ResumePlan(provider="recovery", checkpoint="/ckpt", draft_checkpoint="/draft")
+    plan = ResumePlan(source="checkpoint", checkpoint="/ckpt", draft_checkpoint="/draft")
     path = write_plan(tmp_path, plan)
     assert path == tmp_path / PLAN_FILE
     assert json.loads(path.read_text())["kind"] == PLAN_KIND
@@ -46,19 +46,19 @@ def test_plan_round_trip(tmp_path: Path) -> None:
 
 
 def test_missing_plan_says_what_to_do(tmp_path: Path) -> None:
-    with pytest.raises(PlanError, match=r"no resume plan at .*provider native or recovery"):
+    with pytest.raises(PlanError, match=r"no resume plan at .*source payload or checkpoint"):
         read_plan(tmp_path)
 
 
 @pytest.mark.parametrize(
     ("data", "field"),
     [
-        ({"provider": "magic"}, "provider"),
-        ({"provider": "native"}, "payload_dir"),
-        ({"provider": "recovery"}, "checkpoint"),
-        ({"provider": "native", "payload_dir": "rel/dir"}, "payload_dir"),
-        ({"provider": "native", "payload_dir": "/p", "kind": "other"}, "kind"),
-        ({"provider": "native", "payload_dir": "/p", "format": 9}, "format"),
+        ({"source": "magic"}, "source"),
+        ({"source": "payload"}, "payload_dir"),
+        ({"source": "checkpoint"}, "checkpoint"),
+        ({"source": "payload", "payload_dir": "rel/dir"}, "payload_dir"),
+        ({"source": "payload", "payload_dir": "/p", "kind": "other"}, "kind"),
+        ({"source": "payload", "payload_dir": "/p", "format": 9}, "format"),
     ],
 )
 def test_bad_plan_names_the_field(tmp_path: Path, data: dict[str, object], field: str) -> None:
@@ -70,7 +70,7 @@ def test_bad_plan_names_the_field(tmp_path: Path, data: dict[str, object], field
 
 def test_plan_with_unknown_field_or_not_json_is_refused(tmp_path: Path) -> None:
     (tmp_path / PLAN_FILE).write_text(
-        json.dumps({"provider": "native", "payload_dir": "/p", "x": 1})
+        json.dumps({"source": "payload", "payload_dir": "/p", "x": 1})
     )
     with pytest.raises(PlanError, match="malformed"):
         read_plan(tmp_path)
@@ -81,5 +81,5 @@ def test_plan_with_unknown_field_or_not_json_is_refused(tmp_path: Path) -> None:
 
 def test_write_plan_refuses_a_bad_plan_before_writing(tmp_path: Path) -> None:
     with pytest.raises(PlanError):
-        write_plan(tmp_path, ResumePlan(provider="native"))
+        write_plan(tmp_path, ResumePlan(source="payload"))
     assert not (tmp_path / PLAN_FILE).exists()

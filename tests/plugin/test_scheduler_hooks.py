@@ -28,7 +28,7 @@ def test_draft_model_recovers_from_its_own_path(tmp_path: Path) -> None:
     h = hooks(tmp_path)
     write_plan(
         tmp_path,
-        ResumePlan(provider="recovery", checkpoint="/ckpt/target", draft_checkpoint="/ckpt/draft"),
+        ResumePlan(source="checkpoint", checkpoint="/ckpt/target", draft_checkpoint="/ckpt/draft"),
     )
     seen: list[str] = []
 

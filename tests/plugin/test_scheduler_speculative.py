@@ -22,7 +22,7 @@ from coldsnap.capsules import StoreArtifacts
 from coldsnap.capsules._steps import _draft_differences
 from coldsnap.engines.sglang import SGLangEngine, SGLangLauncher
 from coldsnap.engines.sglang import _steps as engine_steps
-from coldsnap.machine import CaptureRequest, ModelRef, RequestError, RestoreRequest
+from coldsnap.machine import CaptureRequest, ModelRef, RequestError, RestoreRequest, WeightSource
 from coldsnap.machine import steps as s
 from coldsnap.plugin import Settings, StatusFile, StorageRegistry
 from coldsnap.providers._errors import CheckpointError
@@ -55,6 +55,14 @@ def capture(models: SimpleNamespace, **kw: Any) -> CaptureRequest:
     )
 
 
+def _checkpoint(models: SimpleNamespace) -> WeightSource:
+    return WeightSource(source="checkpoint", checkpoint=models.target.path)
+
+
+def _payload(models: SimpleNamespace) -> WeightSource:
+    return WeightSource(source="payload", payload_dir=str(models.root / "payload"))
+
+
 # -- the request -----------------------------------------------------------------------------------
 
 
@@ -85,14 +93,14 @@ def test_the_launcher_hands_the_engine_its_draft_and_the_requests_graph_settings
     models: SimpleNamespace,
 ) -> None:
     launcher = SGLangLauncher()
-    plain = launcher.command(capture(models), models.root, provider="recovery")
+    plain = launcher.command(capture(models), models.root, weights=_checkpoint(models))
     assert "--speculative-draft-model-path" not in plain.argv
     assert "COLDSNAP_ASYNC_CUDA_GRAPHS" not in plain.env
     assert plain.env["COLDSNAP_SHAPE_CALIBRATION"] == "record"  # every capture publishes shapes
     spec = launcher.command(
         capture(models, draft=models.draft, async_cuda_graphs=True, engine_args=("--x",)),
         models.root,
-        provider="recovery",
+        weights=_checkpoint(models),
     )
     i = spec.argv.index("--speculative-draft-model-path")
     assert spec.argv[i + 1] == models.draft.path
@@ -100,7 +108,7 @@ def test_the_launcher_hands_the_engine_its_draft_and_the_requests_graph_settings
     restore = SimpleNamespace(
         operation="restore", model=models.target, draft=models.draft, tp=None, engine_args=()
     )
-    native = launcher.command(restore, models.root, provider="native")
+    native = launcher.command(restore, models.root, weights=_payload(models))
     assert "--speculative-draft-model-path" in native.argv  # loads dummy weights like the target
     assert native.argv[native.argv.index("--load-format") + 1] == "dummy"
     assert "COLDSNAP_SHAPE_CALIBRATION" not in native.env
@@ -179,12 +187,14 @@ def test_recovery_stages_the_drafts_pinned_checkpoint_into_the_source(
 ) -> None:
     made = stage(restore(models, models.draft), pins(models.draft.path))
     assert made[s.WEIGHT_SOURCE.name] == {
-        "provider": "recovery",
+        "source": "checkpoint",
+        "payload_dir": None,
+        "preverified": False,
         "checkpoint": models.target.path,
         "draft_checkpoint": models.draft.path,
     }
     assert made[s.CHECKPOINT_FILES.name] == 4
-    assert "draft_checkpoint" not in stage(restore(models, None), {})[s.WEIGHT_SOURCE.name]
+    assert stage(restore(models, None), {})[s.WEIGHT_SOURCE.name]["draft_checkpoint"] is None
 
 
 def test_recovery_refuses_a_missing_or_changed_draft(models: SimpleNamespace) -> None:
@@ -218,7 +228,7 @@ def test_the_resume_plan_carries_the_draft_checkpoint(
     adapter.resume_weights(SimpleNamespace(facts=facts, request=restore(models, models.draft)))
     assert read_plan(runtime).draft_checkpoint == models.draft.path
     # The capture's compensation reloads the draft from its own path too.
-    monkeypatch.setattr(engine_steps, "_running", lambda pid: True)
+    monkeypatch.setattr(engine_steps, "running", lambda pid: True)
     ctx = SimpleNamespace(facts=facts, request=capture(models, draft=models.draft))
     adapter.resume_memory(ctx)
     plan = read_plan(runtime)
@@ -257,7 +267,7 @@ def test_native_exports_stages_and_hydrates_the_draft_too(
     with torch.no_grad():
         for p in [*target.parameters(), *draft.parameters()]:
             p.zero_()
-    staged = h._stage(ResumePlan(provider="native", payload_dir=str(root)), 0)
+    staged = h._stage(ResumePlan(source="payload", payload_dir=str(root)), 0)
     assert set(staged["sources"]) == {"target", "draft"}
     from coldsnap.plugin import _payload
 
@@ -270,11 +280,11 @@ def test_recovery_refuses_a_plan_without_the_drafts_checkpoint(
 ) -> None:
     registry, _, _ = two_models()
     h = hooks(models.root / "run", registry)
-    plan = ResumePlan(provider="recovery", checkpoint=models.target.path)
+    plan = ResumePlan(source="checkpoint", checkpoint=models.target.path)
     with pytest.raises(RuntimeError, match="names no checkpoint for the draft model"):
         h._stage(plan, 0)
     plan = ResumePlan(
-        provider="recovery", checkpoint=models.target.path, draft_checkpoint=models.draft.path
+        source="checkpoint", checkpoint=models.target.path, draft_checkpoint=models.draft.path
     )
     assert h._stage(plan, 0)["sources"] == {}
 

@@ -166,7 +166,7 @@ def test_the_recovery_load_format_must_match_the_checkpoint(
 ) -> None:  # fmt: skip
     h, _ = _hooks(tmp_path, monkeypatch, Model(), recovery_load_format=setting)
     plan = ResumePlan(
-        provider="recovery", checkpoint=str(tmp_path / "ckpt"), load_format=plan_format
+        source="checkpoint", checkpoint=str(tmp_path / "ckpt"), load_format=plan_format
     )
     if refused:
         with pytest.raises(PayloadRefused, match="holds no"):
@@ -182,7 +182,7 @@ def test_a_recovery_is_refused_when_the_residual_could_not_be_kept(
     for f in (tmp_path / "ckpt").iterdir():
         f.rename(f.with_suffix(".bin"))  # names SGLang could load, but not read here
     h._keep_state(["weights"], None, "op", mgr)
-    plan = ResumePlan(provider="recovery", checkpoint=str(tmp_path / "ckpt"))
+    plan = ResumePlan(source="checkpoint", checkpoint=str(tmp_path / "ckpt"))
     with pytest.raises(PayloadRefused, match="residual state was not kept"):
         h._stage(plan, 0)
 
@@ -200,6 +200,6 @@ def test_preverified_is_the_settings_reading_passed_to_hydration(
     seen: list[bool] = []
     monkeypatch.setattr(_payload, "prepare", lambda m, src, *, verify: (seen.append(verify), 0.0))
     monkeypatch.setenv("COLDSNAP_ARTIFACT_PREVERIFIED", str(int(not setting)))  # not read here
-    plan = ResumePlan(provider="native", payload_dir=str(tmp_path), preverified=plan_says)
+    plan = ResumePlan(source="payload", payload_dir=str(tmp_path), preverified=plan_says)
     h._stage(plan, 0)
     assert seen == [verify]

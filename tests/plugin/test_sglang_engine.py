@@ -11,7 +11,7 @@ import pytest
 
 from .conftest import PROMPTS, plugin_env, read_status
 
-pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.xdist_group("host")]
 
 
 def test_in_process_engine_release_and_native_resume(
@@ -56,7 +56,7 @@ def test_in_process_engine_release_and_native_resume(
         engine.release_memory_occupation()
         assert engine.tokenizer_manager.is_healthy() is False
         root = read_status(tmp_path / "run", "scheduler-tp0")["export"]["root"]
-        write_plan(tmp_path / "run", ResumePlan(provider="native", payload_dir=root))
+        write_plan(tmp_path / "run", ResumePlan(source="payload", payload_dir=root))
         engine.resume_memory_occupation()
         assert engine.tokenizer_manager.is_healthy() is True
         status = read_status(tmp_path / "run", "scheduler-tp0")

@@ -18,7 +18,7 @@ from coldsnap.engines.sglang import SGLANG_POLICY
 
 from .conftest import generate_all, plugin_env, read_status, scheduler_process, stop_now
 
-pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.xdist_group("host")]
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_release_frees_the_weights_and_native_resume_refills_them(small: dict[st
     # themselves, about 0.75 GB), so the drop above is a visible part of the whole.
     assert weight_bytes >= 0.2 * rss_before, (weight_bytes, rss_before)
 
-    write_plan(runtime, ResumePlan(provider="native", payload_dir=status["export"]["root"]))
+    write_plan(runtime, ResumePlan(source="payload", payload_dir=status["export"]["root"]))
     probes: list[tuple[float, int, int]] = []
     done = threading.Event()
 

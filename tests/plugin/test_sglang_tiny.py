@@ -18,10 +18,11 @@ import pytest
 from coldsnap._wire import ResumePlan, write_plan
 from coldsnap.engines import EngineClient, EngineError
 from coldsnap.engines.sglang import SGLANG_POLICY
+from tests._support import missing
 
 from .conftest import generate_all, plugin_env, read_status, scheduler_process, stop_now
 
-pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.xdist_group("host")]
 RELEASES = ("0.5.23", "0.5.17")
 
 
@@ -52,7 +53,7 @@ def served(
     try:
         release_overlay(release)
     except ReleaseNotInstalled as exc:
-        pytest.skip(str(exc))
+        missing("sglang", str(exc))
 
     # 0.5.17's Qwen3 has no get_weights_by_name (its weights are compared through it): Llama.
     arch = "llama" if release == "0.5.17" else "qwen3"
@@ -210,17 +211,17 @@ def test_async_decode_graph_and_shape_plan_on_cpu(served: Served) -> None:
 
 def test_native_release_and_hydration_are_bit_exact(served: Served) -> None:
     root = release_exported(served)
-    write_plan(served.runtime, ResumePlan(provider="native", payload_dir=root))
+    write_plan(served.runtime, ResumePlan(source="payload", payload_dir=root))
     served.client.resume()
     detail = read_status(served.runtime, "scheduler-tp0")["resume"]
-    assert detail["provider"] == "native" and detail["storages_unchanged"] is True
+    assert detail["source"] == "payload" and detail["storages_unchanged"] is True
     assert detail["hydrated"]["target"]["verify_seconds"] > 0
     assert_like_cold(served)
 
 
 def test_recovery_through_update_weights_from_disk(served: Served) -> None:
     release_exported(served)
-    write_plan(served.runtime, ResumePlan(provider="recovery", checkpoint=str(served.model.path)))
+    write_plan(served.runtime, ResumePlan(source="checkpoint", checkpoint=str(served.model.path)))
     served.client.resume()
     detail = read_status(served.runtime, "scheduler-tp0")["resume"]
     assert detail["loaded"] == {"target": str(served.model.path)}
@@ -234,7 +235,7 @@ def test_resume_without_plan_is_refused_closed_and_retryable(served: Served) -> 
     with pytest.raises(EngineError, match="no resume plan"):
         served.client.resume()
     assert served.client.health() is False
-    write_plan(served.runtime, ResumePlan(provider="native", payload_dir=root))
+    write_plan(served.runtime, ResumePlan(source="payload", payload_dir=root))
     served.client.resume()
     assert_like_cold(served)
 
@@ -247,7 +248,7 @@ def test_damaged_payload_is_refused_before_memory_changes(served: Served, tmp_pa
     data = bytearray(pack.read_bytes())
     data[len(data) // 2] ^= 0xFF
     pack.write_bytes(bytes(data))
-    write_plan(served.runtime, ResumePlan(provider="native", payload_dir=str(damaged)))
+    write_plan(served.runtime, ResumePlan(source="payload", payload_dir=str(damaged)))
     with pytest.raises(EngineError, match="refused"):
         served.client.resume()
     assert served.client.health() is False
@@ -256,7 +257,7 @@ def test_damaged_payload_is_refused_before_memory_changes(served: Served, tmp_pa
         "kv_cache",
         "weights",
     ]
-    write_plan(served.runtime, ResumePlan(provider="native", payload_dir=str(root)))
+    write_plan(served.runtime, ResumePlan(source="payload", payload_dir=str(root)))
     served.client.resume()
     assert_like_cold(served)
 
@@ -274,7 +275,7 @@ def test_restore_mode_startup_hydrates_a_dummy_loaded_engine(
     env = plugin_env(
         tmp_path / "run",
         COLDSNAP_MODE="restore",
-        COLDSNAP_SGLANG_STARTUP_PROVIDER="native",
+        COLDSNAP_SGLANG_STARTUP_SOURCE="payload",
         COLDSNAP_ARTIFACT_DIR=root,
     )
     with (

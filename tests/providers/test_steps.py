@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from coldsnap.artifacts import checkpoint_digests
-from coldsnap.machine import ComponentError, Registry
+from coldsnap.machine import ComponentError, Registry, WeightSource
 from coldsnap.machine import steps as s
 from coldsnap.providers import CheckpointError, PackDamaged, ProviderError, export_pack
 from coldsnap.providers._steps import NativeProvider, RecoveryProvider, register
@@ -79,11 +79,9 @@ def test_native_stage_verifies_and_names_the_weight_source(exported: Path) -> No
     ctx = Ctx({s.PAYLOAD_DIR.name: str(payload)}, s.STAGE_PAYLOAD)
     made = NativeProvider().stage(ctx)
     assert set(made) == _names(s.STAGE_PAYLOAD)
-    assert made[s.WEIGHT_SOURCE.name] == {
-        "provider": "native",
-        "payload_dir": str(payload),
-        "preverified": True,
-    }
+    assert WeightSource.from_fact(made[s.WEIGHT_SOURCE.name]) == WeightSource(
+        source="payload", payload_dir=str(payload), preverified=True
+    )
     assert made[s.VERIFY_SECONDS.name] >= 0 and ctx.checks == 2
 
 
@@ -119,7 +117,8 @@ def test_recovery_stage_checks_the_pinned_files(checkpoint: Path) -> None:
     ctx = Ctx({s.CAPSULE_CHECKPOINT.name: _pinned(checkpoint)}, s.VERIFY_CHECKPOINT, checkpoint)
     made = RecoveryProvider().stage(ctx)
     assert set(made) == _names(s.VERIFY_CHECKPOINT)
-    assert made[s.WEIGHT_SOURCE.name] == {"provider": "recovery", "checkpoint": str(checkpoint)}
+    source = WeightSource.from_fact(made[s.WEIGHT_SOURCE.name])
+    assert source == WeightSource(source="checkpoint", checkpoint=str(checkpoint))
     assert made[s.CHECKPOINT_FILES.name] == 2
 
 

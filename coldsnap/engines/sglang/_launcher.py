@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from coldsnap._errors import RefusedError
-from coldsnap.machine import LaunchCommand
+from coldsnap.machine import LaunchCommand, WeightSource, WeightSourceError
 
 RUNTIME_ROOT = Path("/run/coldsnap/engines")
 TP_FLAGS = ("--tp-size", "--tp", "--tensor-parallel-size")
@@ -110,12 +110,11 @@ def export_dir(runtime_dir: Path) -> Path:
     return runtime_dir / "payload"
 
 
-def coldsnap_env(
-    request: Any, provider: str, runtime_dir: Path, payload_dir: Path | None
-) -> dict[str, str]:
-    """The COLDSNAP_* variables of an engine: capture exports the native payload on release
-    and publishes its graph shapes; an engine constructed at restore (n580) starts from the
-    payload or the checkpoint. The request's `async_cuda_graphs` defers the decode graphs."""
+def coldsnap_env(request: Any, weights: WeightSource, runtime_dir: Path) -> dict[str, str]:
+    """The COLDSNAP_* variables of an engine: a capture from a payload source exports the
+    payload on release, and every capture publishes its graph shapes; an engine constructed at
+    restore (n580) starts from the payload (hydrated at load) or the checkpoint. The request's
+    `async_cuda_graphs` defers the decode graphs."""
     env = {"COLDSNAP_RUNTIME_DIR": str(runtime_dir)}
     if getattr(request, "async_cuda_graphs", False):
         env["COLDSNAP_ASYNC_CUDA_GRAPHS"] = "1"
@@ -123,21 +122,27 @@ def coldsnap_env(
         env["COLDSNAP_MODE"] = "capture"
         # the graph shapes warmed before the snapshot are published, and the capsule binds them
         env["COLDSNAP_SHAPE_CALIBRATION"] = "record"
-        if provider == "native":
+        if weights.payload:
             env["COLDSNAP_EXPORT_MODEL_PAYLOAD"] = "1"
             env["COLDSNAP_ARTIFACT_DIR"] = str(export_dir(runtime_dir))
     else:
         env["COLDSNAP_MODE"] = "restore"
-        env["COLDSNAP_SGLANG_STARTUP_PROVIDER"] = provider
-        if provider == "native" and payload_dir is not None:
-            env["COLDSNAP_ARTIFACT_DIR"] = str(payload_dir)
+        env["COLDSNAP_SGLANG_STARTUP_SOURCE"] = weights.source
+        if weights.payload:
+            if not weights.payload_dir:
+                raise WeightSourceError(
+                    "weight source field 'payload_dir': a restore from a payload names it"
+                )
+            env["COLDSNAP_ARTIFACT_DIR"] = weights.payload_dir
+            if weights.preverified:
+                env["COLDSNAP_ARTIFACT_PREVERIFIED"] = "1"
     return env
 
 
 class SGLangLauncher:
     """`python -m MODULE --model-path ... --port ...` with a fresh runtime dir and port per engine
-    (or the request's port); a native restore starts without loading (`--load-format dummy`)
-    and hydrates from the capsule's payload laid out under the workdir.
+    (or the request's port); a restore from a payload source starts without loading
+    (`--load-format dummy`) and hydrates from the payload the provider staged.
 
     `base_args` and `base_env` carry what this host needs (on a CPU host, coldsnap.engines.
     sglang.cpu's arguments and environment); `SGLANG_PLUGINS=coldsnap` is always set. A
@@ -201,7 +206,7 @@ class SGLangLauncher:
         extra = [a for a in CPU_RANKS_ARGS if a not in self.base_args]
         return [*args, *extra], {CPU_BIND_VARIABLE: cpu_binding(tp, cpus)}
 
-    def command(self, request: Any, workdir: Path, *, provider: str) -> LaunchCommand:
+    def command(self, request: Any, workdir: Path, *, weights: WeightSource) -> LaunchCommand:
         clash = [a for a in request.engine_args if a.split("=")[0] in TP_FLAGS]
         if clash:
             raise TopologyArgsError(
@@ -218,18 +223,13 @@ class SGLangLauncher:
                 "--host", host, "--port", str(port), *self.base_args, *tp_args,
                 *request.engine_args]  # fmt: skip
         draft = getattr(request, "draft", None)
-        if draft is not None:  # a native restore's dummy load format applies to it too
+        if draft is not None:  # a payload restore's dummy load format applies to it too
             argv += ["--speculative-draft-model-path", draft.path]
-        if restoring and provider == "native":
+        if restoring and weights.payload:
             argv += ["--load-format", "dummy"]
         if restoring and self.module == SGLangLauncher.module:
             argv += [a for a in self.restore_args if a not in argv]
-        payload = workdir / "payload" if restoring else None
-        env = {
-            **self.base_env,
-            **tp_env,
-            **coldsnap_env(request, provider, runtime_dir, payload),
-        }
+        env = {**self.base_env, **tp_env, **coldsnap_env(request, weights, runtime_dir)}
         dial = "127.0.0.1" if host in ("0.0.0.0", "localhost") else host  # a wildcard bind
         return LaunchCommand(argv=argv, env=env, url=f"http://{dial}:{port}")
 
