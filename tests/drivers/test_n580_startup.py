@@ -16,6 +16,7 @@ from typing import Any
 
 from coldsnap.drivers.n580._template import RELEASE, STATUS
 from coldsnap.engines.sglang import SGLangLauncher
+from coldsnap.machine import WeightSource
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -93,10 +94,14 @@ def test_a_restored_engine_skips_sglangs_warmup_and_a_captured_one_keeps_it(
     tmp_path: Path,
 ) -> None:
     launcher = SGLangLauncher(("--device", "cpu"), cpu=True)
-    restored = launcher.command(_request("restore"), tmp_path, provider="native")
+    payload = WeightSource(source="payload", payload_dir=str(tmp_path / "payload"))
+    restored = launcher.command(_request("restore"), tmp_path, weights=payload)
     assert restored.argv.count("--skip-server-warmup") == 1
-    captured = launcher.command(_request("capture"), tmp_path, provider="native")
+    captured = launcher.command(
+        _request("capture"), tmp_path, weights=WeightSource(source="payload")
+    )
     assert "--skip-server-warmup" not in captured.argv
+    checkpoint = WeightSource(source="checkpoint", checkpoint=str(tmp_path / "model"))
     asked = launcher.command(_request("restore", ("--skip-server-warmup",)), tmp_path,
-                             provider="recovery")  # fmt: skip
+                             weights=checkpoint)  # fmt: skip
     assert asked.argv.count("--skip-server-warmup") == 1
