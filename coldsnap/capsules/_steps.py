@@ -439,9 +439,7 @@ def _hash_file(path: Path) -> str:
 
 def carried_facts(ctx: StepContext) -> dict[str, Any]:
     """The facts this spec declares `carried` that the capture's steps made."""
-    return {
-        f.name: ctx.facts[f.name] for f in ctx.spec.makes() if f.carried and f.name in ctx.facts
-    }
+    return ctx.carried()
 
 
 @attrs.frozen

@@ -16,6 +16,7 @@ RETIRE_SOURCE = Step(
     when=RETIRE,
     on_interrupt="retry",
     needs=(s.ENGINE_PID,),
+    uses=(s.RUNTIME_DIR,),
 )
 
 

@@ -2,7 +2,7 @@
 drivers, providers, engines and stores, the runner, the journal and receipts."""
 
 from . import _steps as steps
-from ._context import Skipped, StepContext
+from ._context import DeclaredFacts, Skipped, StepContext
 from ._convert import REQUEST_CLASSES, parse_request
 from ._diagram import document, mermaid
 from ._errors import (
@@ -17,11 +17,12 @@ from ._errors import (
     SpecError,
     StepTimeout,
     UndeclaredFact,
+    UndeclaredRead,
 )
 from ._facts import Fact, declared_facts, fact
 from ._guards import CHECKPOINT, CUDA, GRAPHS, PAYLOAD, RETIRE, Guard, capability
 from ._journal import JOURNAL_NAME, Journal, JournalRecord, Replay, read_journal
-from ._launch import LaunchCommand, Launcher
+from ._launch import LaunchCommand, Launcher, WeightSource, WeightSourceError, launch_weights
 from ._machine import Machine, lifecycle_request, op_workdir
 from ._protocols import (
     ArtifactStore,
@@ -83,6 +84,7 @@ __all__ = [
     "Component",
     "ComponentError",
     "Components",
+    "DeclaredFacts",
     "Driver",
     "Engine",
     "Entry",
@@ -120,14 +122,18 @@ __all__ = [
     "StopRequest",
     "Transition",
     "UndeclaredFact",
+    "UndeclaredRead",
     "WakeRequest",
     "WeightProvider",
+    "WeightSource",
+    "WeightSourceError",
     "capability",
     "check_components",
     "declared_facts",
     "declared_methods",
     "document",
     "fact",
+    "launch_weights",
     "lifecycle_request",
     "mermaid",
     "op_workdir",

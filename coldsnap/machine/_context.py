@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from attrs import define, field, frozen
 
-from ._errors import Cancelled, StepTimeout
+from ._errors import Cancelled, StepTimeout, UndeclaredRead
 from ._requests import Request
 from ._spec import Spec, Step
 
@@ -21,6 +20,58 @@ class Skipped:
     """Returned by an action that had nothing to do (say, CUDA steps for a process without CUDA)."""
 
     reason: str
+
+
+class DeclaredFacts(Mapping[str, Any]):
+    """The facts recorded so far, as one step may read them: only those it declares in
+    `needs`, `uses` or `makes` (a retried or compensating step reads what it recorded itself).
+
+    Reading any other name (`[...]`, `.get`, `in`) raises UndeclaredRead naming the step, the
+    fact and what the step declares, and is remembered, so that the run fails the step even if
+    the action caught the error. Iterating shows only declared facts that are present."""
+
+    def __init__(self, facts: Mapping[str, Any], step: Step, seen: list[UndeclaredRead]) -> None:
+        self._facts = facts  # live: a fact the step records is readable at once
+        self._step = step
+        self._reads = step.reads()
+        self._seen = seen
+
+    def _allow(self, name: object) -> None:
+        if name in self._reads:
+            return
+        step = self._step
+        declared = "; ".join(
+            f"{what}: {', '.join(f.name for f in facts)}"
+            for what, facts in (("needs", step.needs), ("uses", step.uses), ("makes", step.makes))
+            if facts
+        )
+        error = UndeclaredRead(
+            f"step '{step.name}' ({step.action}) read fact {name!r}, which it does not declare "
+            f"({declared or 'it declares no fact'}): add it to the step's `needs` or `uses`"
+        )
+        self._seen.append(error)
+        raise error
+
+    def __getitem__(self, name: str) -> Any:
+        self._allow(name)
+        return self._facts[name]
+
+    def __contains__(self, name: object) -> bool:
+        self._allow(name)
+        return name in self._facts
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self._allow(name)
+        return self._facts.get(name, default)
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name in self._facts if name in self._reads)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        return f"DeclaredFacts({dict(self)!r})"
 
 
 @define
@@ -44,10 +95,21 @@ class StepContext:
     log: list[str] = field(factory=list)
     _show: Callable[[str], None] = lambda _detail: None
     _shown: dict[str, float] = field(factory=dict)  # what: when it was last shown
+    undeclared_reads: list[UndeclaredRead] = field(factory=list)
+    """Every read of an undeclared fact so far; the runner fails the step on the first."""
 
     @property
-    def facts(self) -> Mapping[str, Any]:
-        return MappingProxyType(self._facts)
+    def facts(self) -> DeclaredFacts:
+        """The facts this step declares (needs, uses, makes) as recorded so far; reading any
+        other raises UndeclaredRead."""
+        return DeclaredFacts(self._facts, self.step, self.undeclared_reads)
+
+    def carried(self) -> dict[str, Any]:
+        """The facts this spec declares `carried` (coldsnap.machine.fact) that its steps made so
+        far: what a capture hands its restores through the capsule. The store's seal reads them
+        here, since which facts are carried depends on the spec, not on the seal step."""
+        names = {f.name for f in self.spec.makes() if f.carried}
+        return {name: value for name, value in self._facts.items() if name in names}
 
     @property
     def cancelled(self) -> bool:

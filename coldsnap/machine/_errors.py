@@ -54,6 +54,11 @@ class UndeclaredFact(DefinitionError):
     """A step returned or recorded a fact its spec does not declare it makes."""
 
 
+class UndeclaredRead(DefinitionError):
+    """A step read a fact it does not declare (in `needs`, `uses` or `makes`): what a step reads
+    must be written on it, so that the spec check and a reader can follow the data."""
+
+
 class JournalError(OperationError):
     """A journal cannot be read or does not belong to this machine."""
 
@@ -70,4 +75,5 @@ __all__ = [
     "SpecError",
     "StepTimeout",
     "UndeclaredFact",
+    "UndeclaredRead",
 ]

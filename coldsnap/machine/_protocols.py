@@ -111,6 +111,10 @@ class Engine(Component, Protocol):
 class WeightProvider(Component, Protocol):
     """Where weights come from on restore. Capabilities: `payload` or `checkpoint`."""
 
+    def launch_weights(self, ctx: StepContext) -> StepResult:
+        """Makes `weight_source` at capture: what the engine starts with (a WeightSource)."""
+        ...
+
     def export(self, ctx: StepContext) -> StepResult:
         """Finds the payload the engine exported at release (capability `payload`)."""
         ...

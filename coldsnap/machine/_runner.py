@@ -297,6 +297,7 @@ class Run:
             )
         else:
             result, exc = self._invoke(step.action, ctx, timeout)
+            exc = _undeclared(ctx) or exc
         seconds = time.monotonic() - started
         if exc is None and seconds > timeout:
             exc = StepTimeout(f"step '{step.name}' ran past {timeout:g} s ({seconds:.1f} s)")
@@ -365,6 +366,7 @@ class Run:
         self._emit(step.name, "compensating")
         started = time.monotonic()
         _, exc = self._invoke(step.compensation, ctx, timeout)
+        exc = _undeclared(ctx) or exc
         seconds = time.monotonic() - started
         self._comps_done.add(step.name)
         if exc is not None:
@@ -477,6 +479,12 @@ class Run:
         )
         receipt.write(self.workdir)
         return receipt
+
+
+def _undeclared(ctx: StepContext) -> BaseException | None:
+    """The first undeclared read of the action, even where the action caught its error: a
+    step that reads what it does not declare fails, whatever it did next."""
+    return ctx.undeclared_reads[0] if ctx.undeclared_reads else None
 
 
 def _check_declared(step: Step, facts: Mapping[str, Any]) -> None:

@@ -67,8 +67,9 @@ VERIFY_SECONDS = fact("verify_seconds", "seconds spent verifying the payload's c
 CHECKPOINT_FILES = fact("checkpoint_files", "number of files of the pinned checkpoint checked")
 WEIGHT_SOURCE = fact(
     "weight_source",
-    "where the restored engine takes its weights from: {provider, payload_dir, preverified} or "
-    "{provider, checkpoint[, draft_checkpoint]}",
+    "what the engine starts with, as the provider chose it (coldsnap.machine.WeightSource): a "
+    "payload (exported on release at capture; payload_dir and preverified at restore) or a "
+    "checkpoint (with its draft_checkpoint)",
 )
 
 # -- facts of the store steps -------------------------------------------------------------------
@@ -90,6 +91,15 @@ CAPSULE_DRAFT_CHECKPOINT = fact(
 )
 
 # -- steps shared by several specs --------------------------------------------------------------
+CHOOSE_WEIGHTS = Step(
+    "choose_weights",
+    "provider.launch_weights",
+    "the provider says what the engine starts with: a payload it exports on release, or the "
+    "model's checkpoint (the driver hands it to the engine's launcher)",
+    side_effect=False,
+    on_interrupt="retry",
+    makes=(WEIGHT_SOURCE,),
+)
 WAIT_HEALTHY = Step(
     "wait_healthy",
     "engine.wait_healthy",
@@ -98,6 +108,7 @@ WAIT_HEALTHY = Step(
     on_interrupt="retry",
     timeout_s=600.0,
     needs=(ENGINE_URL, ENGINE_PID),
+    uses=(RUNTIME_DIR, ENGINE_LOG),
     makes=(HEALTHY_AFTER_S,),
 )
 RECORD_ACCEPTANCE = Step(
@@ -108,6 +119,7 @@ RECORD_ACCEPTANCE = Step(
     on_interrupt="retry",
     timeout_s=120.0,
     needs=(ENGINE_URL,),
+    uses=(ENGINE_PID,),
     makes=(ACCEPTANCE_TOKENS,),
 )
 QUIESCE = Step(
@@ -117,6 +129,7 @@ QUIESCE = Step(
     "holds no request and no cached prefix",
     no_compensation="a flushed prefix cache refills by itself",
     needs=(ENGINE_URL,),
+    uses=(ENGINE_PID,),
 )
 RELEASE_MEMORY = Step(
     "release_memory",
@@ -136,6 +149,7 @@ DESTROY_GRAPHS = Step(
     when=GRAPHS,
     timeout_s=300.0,
     needs=(ENGINE_URL,),
+    uses=(ENGINE_PID,),
 )
 EXPORT = Step(
     "export_payload",
@@ -154,6 +168,7 @@ SEAL = Step(
     compensation="artifacts.unpublish",
     timeout_s=1800.0,
     needs=(IMAGE_DIR,),
+    uses=(PAYLOAD_DIR, SHAPE_COVERAGE),
     makes=(CAPSULE_DIGEST, CAPSULE_CREATED, CAPSULE_TAG_WAS, CAPSULE_BYTES),
 )
 ADMIT = Step(
@@ -191,6 +206,7 @@ VERIFY_CHECKPOINT = Step(
     when=CHECKPOINT,
     on_interrupt="retry",
     needs=(CAPSULE_CHECKPOINT,),
+    uses=(CAPSULE_DRAFT_CHECKPOINT,),
     makes=(WEIGHT_SOURCE, CHECKPOINT_FILES),
 )
 RESUME_WEIGHTS = Step(
@@ -201,6 +217,7 @@ RESUME_WEIGHTS = Step(
     no_compensation="the driver's restore compensation stops the restored engine",
     timeout_s=1800.0,
     needs=(ENGINE_URL, RUNTIME_DIR, WEIGHT_SOURCE),
+    uses=(ENGINE_PID, CAPSULE),
     makes=(RESUME_SEED,),
 )
 RESUME_REST = Step(
@@ -210,6 +227,7 @@ RESUME_REST = Step(
     no_compensation="the driver's restore compensation stops the restored engine",
     timeout_s=300.0,
     needs=(ENGINE_URL,),
+    uses=(ENGINE_PID, RUNTIME_DIR, CAPSULE),
 )
 RANKS_PRESENT = Step(
     "ranks_present",
@@ -231,7 +249,7 @@ TP_BARRIER = Step(
     side_effect=False,
     when=RANKS,
     on_interrupt="retry",
-    needs=(RUNTIME_DIR, ENGINE_PID, CAPSULE),
+    needs=(RUNTIME_DIR, ENGINE_PID, CAPSULE, WEIGHT_SOURCE),
     makes=(TP_RANKS,),
 )
 ACCEPTANCE = Step(
@@ -242,5 +260,6 @@ ACCEPTANCE = Step(
     on_interrupt="retry",
     timeout_s=120.0,
     needs=(ENGINE_URL, CAPSULE),
+    uses=(ENGINE_PID,),
     makes=(ACCEPTANCE_TOKENS,),
 )

@@ -321,6 +321,7 @@ class MemoryProcessDriver(_MemoryDriver):
         return {
             s.ENGINE_PID.name: pid,
             s.ENGINE_URL.name: capsule[s.ENGINE_URL.name],
+            s.ENGINE_LOG.name: str(ctx.workdir / "engine.log"),
             s.RUNTIME_DIR.name: capsule[s.RUNTIME_DIR.name],
             RESTORE_SECONDS.name: 0.0,
             CUDA_PIDS.name: [pid] if image.get("cuda") else [],
@@ -384,6 +385,7 @@ class MemoryTemplateDriver(_MemoryDriver):
         return {
             TEMPLATE_PID.name: pid,
             CONTROL_DIR.name: f"/memory/control/{template_id}",
+            s.ENGINE_LOG.name: str(ctx.workdir / "engine.log"),
             RESTORE_SECONDS.name: 0.0,
         }
 
@@ -600,9 +602,7 @@ class MemoryStore(_Double):
 
     def seal(self, ctx: StepContext) -> dict[str, Any]:
         self._call(ctx, "artifacts.seal")
-        carried = {
-            f.name: ctx.facts[f.name] for f in ctx.spec.makes() if f.carried and f.name in ctx.facts
-        }
+        carried = ctx.carried()
         payload = ctx.facts.get(s.PAYLOAD_DIR.name)
         capsule = {
             "driver": ctx.request.driver,

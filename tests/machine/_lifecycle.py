@@ -58,6 +58,7 @@ SLEEP = Spec(
             "release weights and KV",
             compensation="engine.wake_up",
             needs=(s.ENGINE_PID,),
+            uses=(s.WEIGHT_SOURCE,),  # its compensation refills from it
             makes=(ASLEEP_SINCE,),
         )
     ],

@@ -74,6 +74,10 @@ class Ctx:
     def record(self, **facts: Any) -> None:
         self.facts.update(facts)
 
+    def carried(self) -> dict[str, Any]:
+        names = {f.name for f in self.spec.makes() if f.carried}
+        return {k: v for k, v in self.facts.items() if k in names}
+
     def advance(self, what: str, done: int, total: int, started: float) -> None:
         return None
 

@@ -27,7 +27,8 @@ SPECS = {spec.name: spec for spec in (n610.CAPTURE, n610.RESTORE, n580.CAPTURE, 
 
 CONTRACT = {
     "capture-n610": [
-        "launch_engine", "wait_healthy", "acceptance_record", "quiesce", "release_memory",
+        "choose_weights", "launch_engine", "wait_healthy", "acceptance_record", "quiesce",
+        "release_memory",
         "destroy_graphs", "export_payload", "cuda_lock", "cuda_checkpoint", "process_dump",
         "seal_artifact", "retire_source",
     ],
@@ -37,7 +38,8 @@ CONTRACT = {
         "resume_rest", "tp_barrier", "wait_healthy", "acceptance",
     ],
     "capture-n580": [
-        "launch_template", "check_context_free", "dump_template", "release_template",
+        "choose_weights", "launch_template", "check_context_free", "dump_template",
+        "release_template",
         "wait_healthy", "acceptance_record", "release_memory", "export_payload",
         "seal_artifact", "retire_source",
     ],

@@ -16,7 +16,13 @@ import attrs
 from coldsnap._atomic import write_json_atomic
 from coldsnap.backends import Criu, refuse_gpu_mappings
 from coldsnap.backends.procs import kill_tree
-from coldsnap.machine import ComponentError, LaunchCommand, Launcher, StepContext
+from coldsnap.machine import (
+    ComponentError,
+    LaunchCommand,
+    Launcher,
+    StepContext,
+    launch_weights,
+)
 
 from .._errors import TemplateEnded
 from .._processes import (
@@ -68,7 +74,7 @@ class N580Driver:
     # -- the template -------------------------------------------------------------------------
 
     def launch_template(self, ctx: StepContext) -> dict[str, Any]:
-        engine = self.launcher.command(ctx.request, ctx.workdir, provider=ctx.request.provider)
+        engine = self.launcher.command(ctx.request, ctx.workdir, weights=launch_weights(ctx))
         template_id = uuid.uuid4().hex
         control = self.control_root / template_id
         control.mkdir(parents=True, mode=0o700)
@@ -161,6 +167,7 @@ class N580Driver:
         facts = {
             "template_pid": tree.pid,
             "control_dir": str(control),
+            "engine_log": str(ctx.workdir / "engine.log"),
             "restore_seconds": tree.seconds,
         }
         ctx.record(**facts)
@@ -170,10 +177,11 @@ class N580Driver:
 
     def release_template(self, ctx: StepContext) -> dict[str, Any]:
         request = ctx.request
-        captured_tp = (ctx.facts.get("capsule") or {}).get("tp_size")
-        if request.operation == "restore" and request.tp is None and captured_tp:
-            request = attrs.evolve(request, tp=captured_tp)  # build as many ranks as captured
-        engine = self.launcher.command(request, ctx.workdir, provider=request.provider)
+        if request.operation == "restore":  # only a restore has (and declares) a capsule
+            captured_tp = (ctx.facts.get("capsule") or {}).get("tp_size")
+            if request.tp is None and captured_tp:  # build as many ranks as captured
+                request = attrs.evolve(request, tp=captured_tp)
+        engine = self.launcher.command(request, ctx.workdir, weights=launch_weights(ctx))
         argv = list(engine.argv)
         if len(argv) < 3 or argv[1] != "-m":
             raise ComponentError(

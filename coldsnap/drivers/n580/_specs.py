@@ -3,6 +3,8 @@ restore builds the engine around the weights again."""
 
 from __future__ import annotations
 
+from attrs import evolve
+
 from coldsnap.machine import Spec, Step, fact
 from coldsnap.machine import steps as s
 
@@ -28,6 +30,9 @@ _RELEASE = Step(
     needs=(CONTROL_DIR, TEMPLATE_PID, s.WEIGHT_SOURCE),
     makes=(s.ENGINE_PID, s.ENGINE_URL, s.RUNTIME_DIR),
 )
+_RELEASE_RESTORED = evolve(_RELEASE, uses=(s.CAPSULE,))
+"""At restore the release builds as many ranks as the capsule was captured with, and its
+compensation finds an unjournaled template by the capsule's template id."""
 
 CAPTURE = Spec(
     "capture-n580",
@@ -43,6 +48,7 @@ CAPTURE = Spec(
             compensation="driver.stop_template",
             timeout_s=300.0,
             needs=(s.WEIGHT_SOURCE,),
+            uses=(s.RUNTIME_DIR,),
             makes=(TEMPLATE_PID, TEMPLATE_ID, CONTROL_DIR, s.ENGINE_LOG, IMPORT_SECONDS,
                    FORKSERVER_ADDRESS),
         ),
@@ -69,7 +75,7 @@ CAPTURE = Spec(
         s.RELEASE_MEMORY,
         s.EXPORT,
         s.SEAL,
-        RETIRE_SOURCE,
+        evolve(RETIRE_SOURCE, uses=(*RETIRE_SOURCE.uses, CONTROL_DIR)),
     ],
 )
 
@@ -89,9 +95,10 @@ RESTORE = Spec(
             compensation="driver.stop_template",
             timeout_s=300.0,
             needs=(s.IMAGE_DIR, s.CAPSULE),
-            makes=(TEMPLATE_PID, CONTROL_DIR, RESTORE_SECONDS),
+            uses=(s.RUNTIME_DIR,),
+            makes=(TEMPLATE_PID, CONTROL_DIR, s.ENGINE_LOG, RESTORE_SECONDS),
         ),
-        _RELEASE,
+        _RELEASE_RESTORED,
         s.WAIT_HEALTHY,
         s.TP_BARRIER,
         s.ACCEPTANCE,

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from coldsnap.backends import Criu
 from coldsnap.backends.inet import check_port_free, dial_host, rebind
 from coldsnap.backends.procs import kill_tree, tree_pids
-from coldsnap.machine import ComponentError, Launcher, Skipped, StepContext
+from coldsnap.machine import ComponentError, Launcher, Skipped, StepContext, launch_weights
 
 from .._processes import (
     RUNTIME_ENV,
@@ -88,7 +88,7 @@ class N610Driver:
     # -- the source engine --------------------------------------------------------------------
 
     def launch_engine(self, ctx: StepContext) -> dict[str, Any]:
-        command = self.launcher.command(ctx.request, ctx.workdir, provider=ctx.request.provider)
+        command = self.launcher.command(ctx.request, ctx.workdir, weights=launch_weights(ctx))
         facts: dict[str, Any] = {
             "engine_url": command.url,
             "engine_log": str(ctx.workdir / "engine.log"),
@@ -204,6 +204,7 @@ class N610Driver:
         facts = {
             "engine_pid": tree.pid,
             "engine_url": url,
+            "engine_log": str(ctx.workdir / "engine.log"),
             "runtime_dir": capsule.get("runtime_dir"),
             "restore_seconds": tree.seconds,
             "cuda_pids": list(capsule.get("cuda_pids") or ()),

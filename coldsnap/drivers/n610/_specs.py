@@ -54,6 +54,7 @@ CAPTURE = Spec(
             when=CUDA,
             timeout_s=600.0,
             needs=(CUDA_PIDS,),
+            uses=(s.ENGINE_PID,),
         ),
         Step(
             "process_dump",
@@ -85,7 +86,8 @@ RESTORE = Spec(
             compensation="driver.stop_engine",
             timeout_s=600.0,
             needs=(s.IMAGE_DIR, s.CAPSULE),
-            makes=(s.ENGINE_PID, s.ENGINE_URL, s.RUNTIME_DIR, RESTORE_SECONDS, CUDA_PIDS),
+            makes=(s.ENGINE_PID, s.ENGINE_URL, s.ENGINE_LOG, s.RUNTIME_DIR, RESTORE_SECONDS,
+                   CUDA_PIDS),
         ),
         s.RANKS_PRESENT,
         Step(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from coldsnap.machine import StepContext
+from coldsnap.machine import StepContext, launch_weights
 from coldsnap.machine import steps as s
 from coldsnap.testing import MemoryLauncher
 
@@ -28,12 +28,13 @@ class X100Driver:
         return f"slot:{os.path.basename(ctx.request.workdir.rstrip('/'))}"
 
     def start_engine(self, ctx: StepContext) -> dict[str, Any]:
-        command = self.launcher.command(ctx.request, ctx.workdir, provider=ctx.request.provider)
+        command = self.launcher.command(ctx.request, ctx.workdir, weights=launch_weights(ctx))
         pid = self.world.spawn(**self.world.boot(command, ctx.request))
         ctx.record(**{s.ENGINE_PID.name: pid})  # before anything else: a rollback must find it
         return {
             s.ENGINE_PID.name: pid,
             s.ENGINE_URL.name: command.url,
+            s.ENGINE_LOG.name: str(ctx.workdir / "engine.log"),
             s.RUNTIME_DIR.name: command.env["COLDSNAP_RUNTIME_DIR"],
         }
 

@@ -14,7 +14,8 @@ START = Step(
     "driver.start_engine",
     "start the engine",
     compensation="driver.stop_engine",
-    makes=(s.ENGINE_PID, s.ENGINE_URL, s.RUNTIME_DIR),
+    needs=(s.WEIGHT_SOURCE,),
+    makes=(s.ENGINE_PID, s.ENGINE_URL, s.ENGINE_LOG, s.RUNTIME_DIR),
 )
 PARK = Step(
     "park",
@@ -30,7 +31,7 @@ UNPARK = Step(
     "start the parked process again from the capsule's image",
     compensation="driver.stop_engine",
     needs=(s.IMAGE_DIR, s.CAPSULE),
-    makes=(s.ENGINE_PID, s.ENGINE_URL, s.RUNTIME_DIR),
+    makes=(s.ENGINE_PID, s.ENGINE_URL, s.ENGINE_LOG, s.RUNTIME_DIR),
 )
 
 CAPTURE = Spec(
@@ -39,6 +40,7 @@ CAPTURE = Spec(
     "x100",
     doc="Park the released engine.",
     steps=[
+        s.CHOOSE_WEIGHTS,
         START,
         s.WAIT_HEALTHY,
         s.RECORD_ACCEPTANCE,
