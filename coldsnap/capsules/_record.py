@@ -22,7 +22,8 @@ class CaptureRecord:
     them without reading them.
 
     Format 2 binds `engine_args` (admission compares them with the restore's, see
-    coldsnap.capsules._engine_args); a format-1 record cannot be checked and is refused.
+    the engine adapter's `engine_args_differences`); a format-1 record cannot be checked and is
+    refused.
     Format 3 adds where the user's own launch command line served (`serve_port`,
     `serve_host`), where a restore serves by default; a format-2 record is still read (it has
     neither)."""

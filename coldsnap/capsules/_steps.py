@@ -49,11 +49,9 @@ from coldsnap.artifacts import (
     record_digest,
     to_json,
 )
-from coldsnap.machine import Engine, LifecycleRequest, StepContext
+from coldsnap.machine import Engine, InstalledBuild, LifecycleRequest, StepContext
 from coldsnap.machine import steps as s
-from coldsnap.plugin import plugin_digest
 
-from . import _engine_args
 from ._record import RECORD_NAME, CaptureRecord, read_record
 from ._verified import Seen, VerifiedObjects
 
@@ -150,13 +148,12 @@ class StoreArtifacts:
         ctx: StepContext,
         members: list[Member],
         files: _Checkpoints | None = None,
-        build: tuple[str, str, str] | None = None,
+        build: InstalledBuild | None = None,
         platform: Platform | None = None,
     ) -> Identity:
         """What the capsule binds. `build` (the engine's), `files` (the checkpoints' digests) and
-        `platform` are taken here when the caller has not taken them yet; the build always
-        before plugin_digest, which folds in the contract variants that build checked."""
-        engine, version, contract = build if build is not None else self.engine.build()
+        `platform` are taken here when the caller has not taken them yet."""
+        build = build if build is not None else self.engine.build()
         files = files if files is not None else _checkpoints(ctx.request)
         platform = platform if platform is not None else collect_platform()
         request = ctx.request
@@ -165,8 +162,8 @@ class StoreArtifacts:
         indexes = [m for m in members if m.role == PAYLOAD_ROLE and m.name.endswith("index.json")]
         layout = indexes[0].digest if indexes else _files_digest(checkpoint)
         identity = Identity(
-            engine=EngineBuild(engine, version, contract),
-            plugin_digest=plugin_digest(),
+            engine=EngineBuild(build.engine, build.version, build.contract),
+            plugin_digest=build.plugin_digest,
             model=_binding(model, checkpoint, layout),
             topology=Topology(request.tp, 1, 0, request.tp),
             platform=platform,
@@ -207,7 +204,7 @@ class StoreArtifacts:
             raise IncompatibleArtifact(
                 [], f"capsule {request.artifact} has no identity to check this runtime against"
             )
-        _check_request_binds(request, capsule.identity, record)
+        _check_request_binds(self.engine, request, capsule.identity, record)
         check_compatible(capsule.identity, self._runtime(ctx, capsule.identity))
         dest = ctx.workdir / LAYOUT_IMAGE
         image = _link_tree(store, capsule.by_role(IMAGE_ROLE), IMAGE_PREFIX, dest)
@@ -251,10 +248,10 @@ class StoreArtifacts:
 
     def _runtime(self, ctx: StepContext, captured: Identity) -> Identity:
         """This host's identity: the captured model, with what this host decides itself."""
-        engine, version, contract = self.engine.build()
+        build = self.engine.build()
         return Identity(
-            engine=EngineBuild(engine, version, contract),
-            plugin_digest=plugin_digest(),
+            engine=EngineBuild(build.engine, build.version, build.contract),
+            plugin_digest=build.plugin_digest,
             model=captured.model,
             topology=captured.topology,
             platform=collect_platform(),
@@ -264,12 +261,14 @@ class StoreArtifacts:
         )
 
 
-def _check_request_binds(request: Any, identity: Identity, record: CaptureRecord) -> None:
+def _check_request_binds(
+    engine: Engine, request: Any, identity: Identity, record: CaptureRecord
+) -> None:
     """Every field the capsule binds that the restore request also names must be the same:
     the model (id and revision), the topology (tp) and the engine arguments that change the
-    engine (coldsnap.capsules._engine_args says which may differ). Refused before anything
-    runs, naming each field with the captured and the requested value."""
-    wrong = _engine_args.differences(record.engine_args, request.engine_args)
+    engine (the engine adapter says which may differ: `engine_args_differences`). Refused
+    before anything runs, naming each field with the captured and the requested value."""
+    wrong = list(engine.engine_args_differences(record.engine_args, request.engine_args))
     model = request.model
     if model is not None:
         for name, captured, wanted in (

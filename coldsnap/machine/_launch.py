@@ -12,7 +12,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from attrs import asdict, field, frozen
 from attrs.validators import in_, instance_of, optional
 
-from ._errors import DefinitionError
+from ._errors import DefinitionError, RequestError
 
 
 def _as_tuple(value: Any) -> tuple[str, ...]:
@@ -95,6 +95,48 @@ class WeightSource:
             if isinstance(exc, WeightSourceError):
                 raise
             raise WeightSourceError(f"weight source is malformed: {exc}") from None
+
+
+class CommandLineError(RequestError):
+    """A launch command line coldsnap cannot capture; each problem names the flag (or the
+    command) and why."""
+
+
+@frozen(kw_only=True)
+class LaunchLine:
+    """What a user's launch command line asks for, in a capture request's terms (the engine
+    adapter reads it: `Engine.parse_command_line`)."""
+
+    model_path: str
+    tp: int
+    engine_args: tuple[str, ...] = field(converter=_as_tuple)
+    host: str | None
+    """The user's listening host, which coldsnap does not use at capture (None: not given)."""
+    port: int | None
+    """The user's port, which coldsnap does not use at capture (None: not given)."""
+    program: str
+    """How the command started, as the engine spells it."""
+    owned: tuple[str, ...] = field(converter=_as_tuple)
+    """The engine's flags coldsnap sets itself (where it listens), as the user would write them."""
+    draft_path: str | None = None
+    """The speculative draft model, if any."""
+    draft_revision: str | None = None
+
+
+@frozen(kw_only=True)
+class InstalledBuild:
+    """What the engine adapter says about the engine installed here, by value: everything the
+    store binds into a capsule and checks on admit (`Engine.build()`)."""
+
+    engine: str
+    version: str
+    contract: str
+    """Digest of the runtime contract the adapter relies on in this build."""
+    plugin_digest: str
+    """Digest of the code coldsnap runs inside the engine, with the contract variants in use."""
+    variants: dict[str, str] = field(factory=dict)
+    """contract -> the variant of it this build uses (what `contract` and `plugin_digest` fold
+    in)."""
 
 
 @runtime_checkable

@@ -602,8 +602,6 @@ class Report:
 
 # The variants in use of the SGLang build this process last checked against CONTRACTS.
 _CHECKED: dict[str, Contract] | None = None
-# What a check of this very build in another process found (`recall_variants`), while none ran.
-_RECALLED: dict[str, str] | None = None
 
 
 def _requirement_problem(alt: Contract, in_use: dict[str, Contract]) -> str | None:
@@ -709,26 +707,17 @@ def digest() -> str:
 
 
 def variants_checked() -> dict[str, str] | None:
-    """contract key -> "<seen_in>:<variant>" of the build this process last checked (else the
-    recalled ones, `recall_variants`), or None."""
+    """contract key -> "<seen_in>:<variant>" of the build this process last checked, or None."""
     if _CHECKED is None:
-        return None if _RECALLED is None else dict(_RECALLED)
+        return None
     return {k: f"{c.seen_in}:{c.variant}" for k, c in _CHECKED.items()}
-
-
-def recall_variants(variants: dict[str, str]) -> None:
-    """Adopts `variants_checked()` of a check of this same build made by an earlier process
-    (the orchestrator's identity record, coldsnap.engines.sglang), so that `plugin_digest()`
-    binds them without importing SGLang here. A check in this process takes precedence."""
-    global _RECALLED
-    _RECALLED = dict(variants)
 
 
 def plugin_digest() -> str:
     """sha256 over this plugin's own source files (name and bytes) and the contract variants in
     use of the SGLang build this process checked (`digest()`, `check()` or `admit()` ran here:
-    the engine identity is taken first), for the artifact identity. A process that never checked
-    an SGLang build (another engine) gets the digest of the files alone."""
+    the engine adapter's build takes both in one go, coldsnap.engines.sglang), for the artifact
+    identity. A process that never checked an SGLang build gets the digest of the files alone."""
     from pathlib import Path
 
     h = hashlib.sha256()

@@ -17,7 +17,7 @@ from coldsnap.artifacts import IntegrityError, SourceMemo, Store
 from coldsnap.capsules import StoreArtifacts
 from coldsnap.capsules import _steps as capsule_steps
 from coldsnap.capsules._verified import Seen, VerifiedObjects
-from coldsnap.engines.sglang import _steps as sglang_steps
+from coldsnap.engines.sglang import _build as sglang_build
 from coldsnap.machine import steps as s
 
 OLD = time.time() - 3600  # written an hour ago: settled
@@ -118,14 +118,14 @@ def test_installed_sglang_checks_the_contracts_once_per_unchanged_install(
         return "sha256:contracts"
 
     monkeypatch.setattr(coldsnap.plugin, "digest", digest)
-    sglang_steps._INSTALLED.forget()
+    sglang_build._INSTALLED.forget()
     try:
-        first = sglang_steps.installed_sglang()
-        assert sglang_steps.installed_sglang() == first
-        assert first[0] == "sglang" and first[2] == "sha256:contracts"
+        first = sglang_build.installed_sglang()
+        assert sglang_build.installed_sglang() == first
+        assert (first.engine, first.contract) == ("sglang", "sha256:contracts")
         assert len(digests) == 1
     finally:
-        sglang_steps._INSTALLED.forget()  # the patched digest must not outlive this test
+        sglang_build._INSTALLED.forget()  # the patched digest must not outlive this test
 
 
 def test_installed_sglang_names_the_plugin_sources_and_the_distributions() -> None:
@@ -135,7 +135,7 @@ def test_installed_sglang_names_the_plugin_sources_and_the_distributions() -> No
 
     import coldsnap.plugin._contracts as contracts
 
-    named = sglang_steps._sglang_sources()
+    named = sglang_build._sglang_sources()
     site = str(importlib.metadata.distribution("sglang").locate_file(""))
     assert contracts.__file__ in named
     assert os.path.dirname(contracts.__file__) in named

@@ -21,6 +21,7 @@ from coldsnap.artifacts import Store, StoreError
 from coldsnap.artifacts import _store as store_module
 from coldsnap.capsules import _steps
 from coldsnap.capsules._verified import VerifiedObjects
+from coldsnap.machine import InstalledBuild
 from coldsnap.machine import steps as s
 
 from .test_store_steps import Ctx, Engine, _capture_request
@@ -385,7 +386,7 @@ def test_the_engine_build_is_taken_on_the_caller_s_thread_while_the_files_are_se
         return real_take(self, path, **kw)
 
     class SlowEngine(Engine):
-        def build(self) -> tuple[str, str, str]:
+        def build(self) -> InstalledBuild:
             building.set()
             built_on.append(threading.current_thread())
             return super().build()

@@ -16,10 +16,12 @@ import pytest
 
 from coldsnap.artifacts import IncompatibleArtifact, Store, to_json
 from coldsnap.capsules import CaptureRecord, StoreArtifacts, _steps
-from coldsnap.machine import Fact
+from coldsnap.engines.sglang import SGLangCommandLine
+from coldsnap.machine import Fact, InstalledBuild
 from coldsnap.machine import steps as s
 
 CONTRACT = "sha256:" + "c0" * 32
+PLUGIN = "sha256:" + "d0" * 32
 # A driver's carried fact, declared the way a driver's spec module declares one (not
 # registered globally): the store must keep it without knowing the driver.
 DRIVER_FACT = Fact("toy_driver_secret", "what the toy driver carries", carried=True)
@@ -53,6 +55,10 @@ class Ctx:
     def facts(self) -> dict[str, Any]:
         return self._facts
 
+    def carried(self) -> dict[str, Any]:
+        names = {f.name for f in self.spec.makes() if f.carried}
+        return {name: value for name, value in self._facts.items() if name in names}
+
     def record(self, **facts: Any) -> None:
         self.recorded.append(facts)
         self._facts.update(facts)
@@ -64,15 +70,19 @@ class Ctx:
         return None
 
 
-class Engine:
+class Engine(SGLangCommandLine):
+    """An engine adapter with SGLang's launch-line policy (which engine arguments bind)."""
+
     name = "toy"
     capabilities: frozenset[str] = frozenset()
 
     def __init__(self, version: str = "1") -> None:
         self.version = version
 
-    def build(self) -> tuple[str, str, str]:
-        return "toy", self.version, CONTRACT
+    def build(self) -> InstalledBuild:
+        return InstalledBuild(
+            engine="toy", version=self.version, contract=CONTRACT, plugin_digest=PLUGIN
+        )
 
 
 @pytest.fixture

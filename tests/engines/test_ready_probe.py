@@ -21,6 +21,7 @@ import pytest
 from coldsnap._wire import STATUS_FORMAT, STATUS_KIND, status_path
 from coldsnap.engines import EngineError
 from coldsnap.engines.sglang import SGLangEngine, SGLangLauncher
+from coldsnap.machine import InstalledBuild
 from coldsnap.machine import steps as s
 
 HEALTH_SLEEP_S = 0.4
@@ -109,7 +110,12 @@ def ctx(engine: FakeEngine, runtime_dir: Path, pid: int | None = None) -> Any:
 
 
 def adapter() -> SGLangEngine:
-    return SGLangEngine(SGLangLauncher((), {}), identity=lambda: ("sglang", "0", "sha256:x"))
+    return SGLangEngine(
+        SGLangLauncher((), {}),
+        identity=lambda: InstalledBuild(
+            engine="sglang", version="0", contract="sha256:x", plugin_digest="sha256:x"
+        ),
+    )
 
 
 def test_without_ready_an_opened_gate_is_probed_on_ping_at_once(serve: Any, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from coldsnap._wire import PLAN_FILE, STATUS_FORMAT, STATUS_KIND, status_path
 from coldsnap.engines import EngineError
 from coldsnap.engines.sglang import SGLangEngine, SGLangLauncher, register
 from coldsnap.engines.sglang._specs import SLEEP, SLEEP_RECORD, WAKE
-from coldsnap.machine import Registry, Skipped, StepTimeout
+from coldsnap.machine import InstalledBuild, Registry, Skipped, StepTimeout
 from coldsnap.machine import steps as s
 
 from .test_sglang_steps import GIB, MockSGLang, ctx, measured
@@ -27,7 +27,9 @@ def _engine(mock: MockSGLang, *, rank_reports: bool = False) -> SGLangEngine:
     return SGLangEngine(
         SGLangLauncher(()),
         rank_reports=rank_reports,
-        identity=lambda: ("sglang", "0", "sha256:x"),
+        identity=lambda: InstalledBuild(
+            engine="sglang", version="0", contract="sha256:x", plugin_digest="sha256:x"
+        ),
         transport=httpx.MockTransport(mock),
     )
 

@@ -21,7 +21,7 @@ from coldsnap._wire import STATUS_FORMAT, STATUS_KIND, status_path
 from coldsnap.engines import EngineError
 from coldsnap.engines.sglang import SGLangEngine, SGLangLauncher, TopologyArgsError, cpu_binding
 from coldsnap.engines.sglang._ranks import census
-from coldsnap.machine import WeightSource
+from coldsnap.machine import InstalledBuild, WeightSource
 from coldsnap.machine import steps as s
 
 FROM_CHECKPOINT = WeightSource(source="checkpoint", checkpoint="/models/m")
@@ -73,7 +73,13 @@ def write_rank(runtime_dir: Path, rank: int, pid: int, **fields: Any) -> None:
 
 
 def engine() -> SGLangEngine:
-    return SGLangEngine(SGLangLauncher(), rank_reports=True, identity=lambda: ("sglang", "0", "x"))
+    return SGLangEngine(
+        SGLangLauncher(),
+        rank_reports=True,
+        identity=lambda: InstalledBuild(
+            engine="sglang", version="0", contract="x", plugin_digest="x"
+        ),
+    )
 
 
 def ctx(runtime_dir: Path, root: int, pids: dict[str, int] | None = None, **req: Any) -> Any:

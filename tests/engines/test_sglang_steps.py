@@ -26,7 +26,7 @@ from coldsnap._wire import (
 )
 from coldsnap.engines import EngineError
 from coldsnap.engines.sglang import GRAPH_SAVER_ENV, SGLangEngine, SGLangLauncher, register
-from coldsnap.machine import Engine, Registry
+from coldsnap.machine import Engine, InstalledBuild, Registry
 from coldsnap.machine import steps as s
 
 ENGINE_STEPS = {
@@ -133,7 +133,9 @@ def adapter(mock: MockSGLang, *, graphs: bool = False, cuda: bool = False) -> SG
         SGLangLauncher((), env),
         graphs=graphs,
         cuda=cuda or graphs,
-        identity=lambda: ("sglang", "0", "sha256:x"),
+        identity=lambda: InstalledBuild(
+            engine="sglang", version="0", contract="sha256:x", plugin_digest="sha256:x"
+        ),
         transport=httpx.MockTransport(mock),
     )
 
@@ -142,7 +144,7 @@ def test_it_is_an_engine_with_capabilities_not_names() -> None:
     assert isinstance(adapter(MockSGLang()), Engine)
     assert adapter(MockSGLang()).capabilities == frozenset()
     assert adapter(MockSGLang(), graphs=True).capabilities == frozenset({"cuda_graphs"})
-    assert adapter(MockSGLang()).build() == ("sglang", "0", "sha256:x")
+    assert adapter(MockSGLang()).build().contract == "sha256:x"
 
 
 @pytest.mark.parametrize("graphs", [False, True])

@@ -20,7 +20,7 @@ from coldsnap.artifacts import record_digest
 from coldsnap.capsules import StoreArtifacts
 from coldsnap.engines.sglang import SGLangEngine
 from coldsnap.engines.sglang import _steps as engine_steps
-from coldsnap.machine import CaptureRequest, Machine, ModelRef, WeightSource
+from coldsnap.machine import CaptureRequest, InstalledBuild, Machine, ModelRef, WeightSource
 from coldsnap.machine import steps as s
 from coldsnap.testing import MemoryLauncher, MemoryProcessDriver, MemoryWorld, memory_registry
 
@@ -99,7 +99,12 @@ def machine(tmp_path: Path, calibration: dict[str, Any]) -> tuple[Any, ...]:
     components["driver"] = MemoryProcessDriver(world, Launcher(world, runtime_dir), cuda=False)
     components["engine"] = SGLangEngine(
         components["driver"].launcher,
-        identity=lambda: ("sglang", "0.5.23", "sha256:" + "0" * 64),
+        identity=lambda: InstalledBuild(
+            engine="sglang",
+            version="0.5.23",
+            contract="sha256:" + "0" * 64,
+            plugin_digest="sha256:" + "0" * 64,
+        ),
         transport=httpx.MockTransport(engine),
     )
     return Machine(**components, dry_run=True), request, world, engine

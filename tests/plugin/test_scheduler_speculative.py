@@ -22,7 +22,14 @@ from coldsnap.capsules import StoreArtifacts
 from coldsnap.capsules._steps import _draft_differences
 from coldsnap.engines.sglang import SGLangEngine, SGLangLauncher
 from coldsnap.engines.sglang import _steps as engine_steps
-from coldsnap.machine import CaptureRequest, ModelRef, RequestError, RestoreRequest, WeightSource
+from coldsnap.machine import (
+    CaptureRequest,
+    InstalledBuild,
+    ModelRef,
+    RequestError,
+    RestoreRequest,
+    WeightSource,
+)
 from coldsnap.machine import steps as s
 from coldsnap.plugin import Settings, StatusFile, StorageRegistry
 from coldsnap.providers._errors import CheckpointError
@@ -119,7 +126,13 @@ def test_the_launcher_hands_the_engine_its_draft_and_the_requests_graph_settings
 
 def engine() -> SGLangEngine:
     return SGLangEngine(
-        SGLangLauncher(), identity=lambda: ("sglang", "0.5.23", "sha256:" + "0" * 64)
+        SGLangLauncher(),
+        identity=lambda: InstalledBuild(
+            engine="sglang",
+            version="0.5.23",
+            contract="sha256:" + "0" * 64,
+            plugin_digest="sha256:" + "0" * 64,
+        ),
     )
 
 

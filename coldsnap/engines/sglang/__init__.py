@@ -14,6 +14,8 @@ from typing import Any
 from coldsnap.machine import Registry
 
 from . import cpu
+from ._build import installed_sglang
+from ._cmdline import SGLangCommandLine, parse_command_line
 from ._launcher import (
     CUDA_TEMPLATE_PRELOAD,
     RUNTIME_ROOT,
@@ -32,7 +34,6 @@ from ._steps import (
     GRAPH_SAVER_ENV,
     Identity,
     SGLangEngine,
-    installed_sglang,
     scheduler_records,
 )
 
@@ -90,6 +91,7 @@ __all__ = [
     "RUNTIME_ROOT",
     "SGLANG_POLICY",
     "Identity",
+    "SGLangCommandLine",
     "SGLangEngine",
     "SGLangLauncher",
     "TopologyArgsError",
@@ -100,6 +102,7 @@ __all__ = [
     "export_dir",
     "free_port",
     "installed_sglang",
+    "parse_command_line",
     "register",
     "scheduler_records",
     "tp_size",

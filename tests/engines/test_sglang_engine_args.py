@@ -1,12 +1,17 @@
-"""Which engine arguments a restore may change: flags compare with their values in any order
-and spelling (`--a 1` or `--a=1`); reporting flags and coldsnap's own may differ."""
+"""Which engine arguments a restore may change (SGLang's policy, through the engine adapter):
+flags compare with their values in any order and spelling (`--a 1` or `--a=1`); reporting flags
+and coldsnap's own may differ."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coldsnap.capsules import _engine_args as ea
+from coldsnap.engines._args import parse
+from coldsnap.engines.sglang import SGLangCommandLine
+from coldsnap.engines.sglang._cmdline import ALLOWED, OWNED
+
+differences = SGLangCommandLine().engine_args_differences
 
 _FLAG = st.from_regex(r"--[a-z][a-z-]{0,12}", fullmatch=True)
 _VALUE = st.from_regex(r"[a-z0-9.]{1,6}", fullmatch=True)
@@ -18,19 +23,19 @@ def _flatten(groups: list[tuple[str, list[str]]]) -> list[str]:
 
 
 def test_parse_groups_values_under_their_flag() -> None:
-    assert ea.parse(["--a", "1", "2", "--b", "--c=x", "--a", "-3"]) == {
+    assert parse(["--a", "1", "2", "--b", "--c=x", "--a", "-3"]) == {
         "--a": [("1", "2"), ("-3",)],
         "--b": [()],
         "--c": [("x",)],
     }
-    assert ea.parse(["pos", "--a"]) == {"": [("pos",)], "--a": [()]}
+    assert parse(["pos", "--a"]) == {"": [("pos",)], "--a": [()]}
 
 
 @given(st.lists(_GROUP, max_size=6, unique_by=lambda g: g[0]), st.randoms())
 def test_the_order_of_flags_never_matters(groups, random) -> None:
     shuffled = list(groups)
     random.shuffle(shuffled)
-    assert ea.differences(_flatten(groups), _flatten(shuffled)) == []
+    assert differences(_flatten(groups), _flatten(shuffled)) == []
 
 
 @given(st.lists(_GROUP, min_size=1, max_size=6, unique_by=lambda g: g[0]), st.data())
@@ -39,8 +44,8 @@ def test_a_changed_value_is_named_with_both_sides(groups, data) -> None:
     flag, values = groups[index]
     changed = [*values, "zz-new"]
     other = [*groups[:index], (flag, changed), *groups[index + 1 :]]
-    found = ea.differences(_flatten(groups), _flatten(other))
-    if flag in ea.ALLOWED | ea.COLDSNAP_OWNED:
+    found = differences(_flatten(groups), _flatten(other))
+    if flag in ALLOWED | frozenset(OWNED):
         assert found == []
     else:
         assert [(d.field, d.expected, d.found) for d in found] == [
@@ -50,7 +55,7 @@ def test_a_changed_value_is_named_with_both_sides(groups, data) -> None:
 
 def test_reporting_flags_and_coldsnaps_may_differ() -> None:
     assert (
-        ea.differences(
+        differences(
             ["--dtype", "float16", "--log-level", "info", "--port", "1"],
             ["--log-level=debug", "--enable-metrics", "--dtype", "float16", "--host", "0.0.0.0"],
         )
@@ -59,7 +64,7 @@ def test_reporting_flags_and_coldsnaps_may_differ() -> None:
 
 
 def test_an_unknown_flag_is_engine_changing() -> None:
-    (diff,) = ea.differences([], ["--some-future-flag"])
+    (diff,) = differences([], ["--some-future-flag"])
     assert (diff.field, diff.expected, diff.found) == (
         "engine_args --some-future-flag", "absent", "--some-future-flag",
     )  # fmt: skip

@@ -1,0 +1,199 @@
+"""SGLang's launch-line policy: how a user's own command line (`python -m sglang.launch_server
+--model-path M ...` or `sglang serve ...`) becomes a capture request's fields, which flags
+coldsnap sets itself, refuses or lets differ at restore. The command line and the store ask the
+engine adapter (`SGLangEngine`, through `SGLangCommandLine`) and never name a flag themselves.
+
+Reading a launch line: coldsnap owns only where the engine listens (`--host` and `--port` are
+taken out and kept in the capsule, where a restore serves unless told otherwise), the
+tensor-parallel size becomes the request's `tp` and the draft model its `draft`; a flag coldsnap
+cannot honour is refused by name, with why; every other flag goes to the engine as written.
+
+Comparing engine arguments at restore: a capsule is an engine built with the capture's
+arguments (n610 restores that very process; n580 builds the engine again with the restore's),
+so every argument that shapes the engine (dtype, memory fraction, context length, attention
+backend, quantization, anything unknown) must be the same. Allowed to differ: the flags that
+only change what the engine reports (`ALLOWED`) and coldsnap's own (`OWNED`). Flags compare
+with their values in any order and spelling (`--a 1 --b` equals `--b --a=1`); a flag given twice
+keeps both values, in order.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+
+from coldsnap.artifacts import Difference
+from coldsnap.engines._args import differences
+from coldsnap.machine import CommandLineError, LaunchLine
+
+MODULE = "sglang.launch_server"
+MODEL_FLAGS = ("--model-path", "--model")
+TP_FLAGS = ("--tp-size", "--tp", "--tensor-parallel-size")
+OWNED = ("--host", "--port")
+"""Flags coldsnap sets on every launch."""
+DRAFT_FLAGS = ("--speculative-draft-model-path", "--speculative-draft-model-revision")
+"""The draft model becomes the request's `draft` (the capsule binds it)."""
+ONE = {
+    "--pp-size": "a capsule holds one pipeline stage",
+    "--pipeline-parallel-size": "a capsule holds one pipeline stage",
+    "--dp-size": "a capsule holds one data-parallel replica",
+    "--data-parallel-size": "a capsule holds one data-parallel replica",
+    "--nnodes": "a capsule holds the processes of one host",
+}
+"""Flags coldsnap honours only at their default of 1, with why."""
+REFUSED = {
+    "--config": "coldsnap must see every flag (model, host, port): pass them on the command line",
+    "--api-key": "coldsnap's own requests to the engine (health, release, acceptance) carry no key",
+    "--ssl-keyfile": "coldsnap speaks plain HTTP to the engine",
+    "--ssl-certfile": "coldsnap speaks plain HTTP to the engine",
+    "--skip-tokenizer-init": "the acceptance request sends text, which needs the tokenizer",
+    "--grpc-mode": "coldsnap drives the engine through its HTTP endpoints",
+    "--smg-grpc-mode": "coldsnap drives the engine through its HTTP endpoints",
+    "--node-rank": "a capsule holds the processes of one host",
+    "--dist-init-addr": "a capsule holds the processes of one host",
+}
+"""Flags coldsnap cannot honour at all, with why."""
+ALLOWED: frozenset[str] = frozenset(
+    {
+        "--log-level",
+        "--log-level-http",
+        "--log-requests",
+        "--log-requests-level",
+        "--show-time-cost",
+        "--decode-log-interval",
+        "--enable-metrics",
+        "--enable-request-time-stats-logging",
+        "--crash-dump-folder",
+    }
+)
+"""Flags that change what an engine reports, never what it computes or how it is laid out."""
+
+_VALUED = (*MODEL_FLAGS, *TP_FLAGS, *OWNED, *DRAFT_FLAGS, *ONE, "--config", "--api-key",
+           "--ssl-keyfile", "--ssl-certfile", "--node-rank", "--dist-init-addr")  # fmt: skip
+"""Flags read here that take a value (as `--flag value` or `--flag=value`)."""
+_PYTHON = re.compile(r"^python(3(\.\d+)?)?$")
+
+
+# -- reading a launch command line ------------------------------------------------------------
+
+
+def _flags(argv: Sequence[str]) -> list[tuple[str, str | None, list[str]]]:
+    """(flag, its value or None, the tokens it took) for each flag; a bare token that follows
+    no valued flag comes back as ('', token, [token])."""
+    out: list[tuple[str, str | None, list[str]]] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        name, eq, inline = token.partition("=")
+        if token.startswith("--") and name in _VALUED:
+            if eq:
+                out.append((name, inline, [token]))
+                i += 1
+                continue
+            if i + 1 >= len(argv):
+                raise CommandLineError([(name, "is missing its value")])
+            out.append((name, argv[i + 1], [token, argv[i + 1]]))
+            i += 2
+            continue
+        out.append((name if token.startswith("--") else "", None if token.startswith("--")
+                    else token, [token]))  # fmt: skip
+        i += 1
+    return out
+
+
+def _program(argv: Sequence[str]) -> tuple[str, list[str]]:
+    head = os.path.basename(argv[0]) if argv else ""
+    if _PYTHON.match(head) and len(argv) >= 3 and argv[1] == "-m" and argv[2] == MODULE:
+        return f"python -m {MODULE}", list(argv[3:])
+    if head == "sglang" and len(argv) >= 2 and argv[1] == "serve":
+        return "sglang serve", list(argv[2:])
+    shown = " ".join(argv[:3]) or "nothing"
+    raise CommandLineError(
+        [
+            (
+                "command",
+                f"coldsnap captures `python -m {MODULE} ...` or `sglang serve ...`, got `{shown}`",
+            )
+        ]
+    )
+
+
+def _int(flag: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise CommandLineError([(flag, f"must be an integer, got {value!r}")]) from None
+
+
+def parse_command_line(argv: Sequence[str]) -> LaunchLine:
+    """The launch command line `argv`, read as the module's docstring says; CommandLineError
+    naming every flag it cannot capture."""
+    program, rest = _program(argv)
+    model: str | None = None
+    tp, host, port = 1, None, None
+    draft: dict[str, str | None] = {}
+    kept: list[str] = []
+    problems: list[tuple[str, str]] = []
+    for flag, value, tokens in _flags(rest):
+        if flag in MODEL_FLAGS:
+            model = value
+        elif flag == "--host":
+            host = value
+        elif flag == "--port":
+            port = _int(flag, value or "")
+        elif flag in DRAFT_FLAGS:
+            draft[flag] = value
+        elif flag in REFUSED:
+            problems.append((flag, f"cannot be captured: {REFUSED[flag]}"))
+        elif flag in ONE and _int(flag, value or "") != 1:
+            problems.append((flag, f"must be 1 (got {value}): {ONE[flag]}"))
+        elif flag in TP_FLAGS:
+            tp = _int(flag, value or "")  # the request's tp: the launcher sets --tp-size from it
+        else:
+            kept += tokens
+    if model is None:
+        problems.append(("--model-path", "is missing: the command line must name the model"))
+    if problems:
+        raise CommandLineError(problems)
+    if DRAFT_FLAGS[1] in draft and DRAFT_FLAGS[0] not in draft:
+        raise CommandLineError([(DRAFT_FLAGS[1], f"needs {DRAFT_FLAGS[0]}")])
+    assert model is not None
+    return LaunchLine(
+        model_path=model,
+        tp=tp,
+        engine_args=tuple(kept),
+        host=host,
+        port=port,
+        program=program,
+        owned=OWNED,
+        draft_path=draft.get(DRAFT_FLAGS[0]),
+        draft_revision=draft.get(DRAFT_FLAGS[1]),
+    )
+
+
+class SGLangCommandLine:
+    """The launch-line policy as the engine adapter's methods (`SGLangEngine` inherits them)."""
+
+    def parse_command_line(self, argv: Sequence[str]) -> LaunchLine:
+        """The user's launch command line as a capture request's fields."""
+        return parse_command_line(argv)
+
+    def engine_args_differences(
+        self, captured: Iterable[str], requested: Iterable[str]
+    ) -> list[Difference]:
+        """The engine-changing arguments a restore would change, each a Difference."""
+        return differences(captured, requested, may_differ=ALLOWED | frozenset(OWNED))
+
+
+__all__ = [
+    "ALLOWED",
+    "DRAFT_FLAGS",
+    "MODULE",
+    "ONE",
+    "OWNED",
+    "REFUSED",
+    "TP_FLAGS",
+    "SGLangCommandLine",
+    "parse_command_line",
+]
