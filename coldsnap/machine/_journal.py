@@ -22,9 +22,11 @@ from ._errors import JournalError
 JOURNAL_NAME = "journal.jsonl"
 LOCK_NAME = ".coldsnap.lock"
 RECORD_KIND = "coldsnap.journal-record"
-RECORD_FORMAT = 2
+RECORD_FORMAT = 3
 """Format 2: the `begin` record names the components (role -> name) and whether the operation
-is a dry run, so that a resume is refused with components other than those that started it."""
+is a dry run, so that a resume is refused with components other than those that started it.
+Format 3: it also keeps each component's capabilities (role -> sorted names), so that a resume
+whose components would select other steps than the run it resumes is refused."""
 
 
 class WorkdirBusy(JournalError):
@@ -79,6 +81,7 @@ class JournalRecord:
     spec: str | None = None
     request: dict[str, Any] | None = None
     components: dict[str, str] | None = None
+    capabilities: dict[str, list[str]] | None = None
     dry_run: bool | None = None
     outcome: str | None = None
     format: int = RECORD_FORMAT
@@ -200,6 +203,7 @@ class Replay:
     spec: str
     request: dict[str, Any]
     components: dict[str, str] = field(factory=dict)
+    capabilities: dict[str, list[str]] = field(factory=dict)
     dry_run: bool = False
     facts: dict[str, Any] = field(factory=dict)
     completed: list[JournalRecord] = field(factory=list)
@@ -216,6 +220,7 @@ class Replay:
             spec=begin.spec or "",
             request=begin.request or {},
             components=begin.components or {},
+            capabilities=begin.capabilities or {},
             dry_run=bool(begin.dry_run),
             facts=dict(begin.facts or {}),  # seeded from a lifecycle operation's target
         )

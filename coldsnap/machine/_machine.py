@@ -8,6 +8,7 @@ import json
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 from ._convert import parse_request, structure_record, unstructure
@@ -176,6 +177,7 @@ class Machine:
             )
         self._check_journaled(journal.path, replay)
         check_components(spec, request, self.components)
+        _check_selection(journal.path, spec, request, replay, self.components)
         with self._running(cancel) as event:
             run = self._run(spec, request, journal, event)
             if replay.end is not None:
@@ -277,6 +279,38 @@ def _coerce(request: Any, cls: type[R]) -> R:
     if not isinstance(request, cls):
         raise RequestError([("kind", f"expected a {cls.KIND}, got {type(request).__name__}")])
     return request
+
+
+def _check_selection(
+    path: Path, spec: Spec, request: Request, replay: Replay, components: Mapping[str, Any]
+) -> None:
+    """Refuses a resume whose components' capabilities select other steps than those of the
+    run it resumes (a driver rebuilt without CUDA would skip the CUDA restore of a process
+    the run checkpointed): the journal's capabilities decide what the run was."""
+    journaled = {
+        role: SimpleNamespace(
+            name=components[role].name, capabilities=frozenset(replay.capabilities.get(role, ()))
+        )
+        for role in components
+    }
+    was = [s.name for s in spec.selected(request, journaled)]
+    now = [s.name for s in spec.selected(request, components)]
+    if was == now:
+        return
+    gone = [n for n in was if n not in now]
+    new = [n for n in now if n not in was]
+    changed = {
+        role: (sorted(replay.capabilities.get(role, ())), sorted(c.capabilities))
+        for role, c in components.items()
+        if frozenset(replay.capabilities.get(role, ())) != c.capabilities
+    }
+    raise JournalError(
+        f"{path}: refusing to resume: this machine's components would run other steps than "
+        f"the run selected (left out now: {', '.join(gone) or 'none'}; selected now, not "
+        f"then: {', '.join(new) or 'none'}); capabilities "
+        "journaled -> now: "
+        + "; ".join(f"{role} {was_} -> {now_}" for role, (was_, now_) in changed.items())
+    )
 
 
 def _read_receipt(workdir: Path) -> Receipt:

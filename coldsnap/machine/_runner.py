@@ -158,6 +158,7 @@ class Run:
             spec=self.spec.name,
             request=request_data,
             components=components,
+            capabilities=capabilities_of(self.components),
             dry_run=dry_run,
             facts=dict(seeds) if seeds else None,
         )
@@ -479,6 +480,11 @@ class Run:
         )
         receipt.write(self.workdir)
         return receipt
+
+
+def capabilities_of(components: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Each role's capabilities as the journal keeps them (sorted names)."""
+    return {role: sorted(c.capabilities) for role, c in sorted(components.items())}
 
 
 def _undeclared(ctx: StepContext) -> BaseException | None:

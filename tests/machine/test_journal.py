@@ -311,3 +311,29 @@ def test_a_malformed_restore_request_is_refused_naming_a_field(
         or type(got) is type(value)
         or (isinstance(got, tuple) and isinstance(value, list))
     ), f"{field}: {value!r} was coerced to {got!r}"
+
+
+def test_the_begin_record_keeps_each_components_capabilities(tmp_path) -> None:
+    world = MemoryWorld()
+    assert _machine(world, tmp_path).capture(capture_request(tmp_path)).ok
+    begin = read_journal(tmp_path / "cap" / JOURNAL_NAME)[0]
+    assert begin.capabilities == {
+        "artifacts": [], "driver": ["cuda"], "engine": ["cuda_graphs"], "provider": ["payload"],
+    }  # fmt: skip
+
+
+def test_a_resume_that_would_select_other_steps_is_refused_naming_them(tmp_path) -> None:
+    from coldsnap.testing import MemoryProcessDriver
+
+    world = MemoryWorld()
+    workdir = _interrupted(tmp_path, world)
+    calls = len(world.calls)
+    machine = _machine(world, tmp_path)
+    machine.components["driver"] = MemoryProcessDriver(world, cuda=False)
+    with pytest.raises(JournalError) as info:
+        machine.resume(workdir)
+    message = str(info.value)
+    assert "left out now: cuda_lock, cuda_checkpoint; selected now, not then: none" in message
+    assert "driver ['cuda'] -> []" in message
+    assert len(world.calls) == calls, "nothing ran"
+    assert _machine(world, tmp_path).resume(workdir).ok, "the same capabilities resume"

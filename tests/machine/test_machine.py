@@ -190,7 +190,7 @@ def test_events_journal_and_receipt_agree(tmp_path) -> None:
     ends = [r.step for r in records if r.event == "step_end"]
     assert ends == [r.name for r in receipt.steps]
     assert [e.step for e in events if e.phase == "done"] == ends
-    assert all(r.format == 2 and r.kind == "coldsnap.journal-record" for r in records)
+    assert all(r.format == 3 and r.kind == "coldsnap.journal-record" for r in records)
     on_disk = json.loads((tmp_path / "cap" / "receipt.json").read_text())
     assert on_disk["kind"] == "coldsnap.receipt" and on_disk["outcome"] == "done"
     assert set(receipt.timings()) == set(ends)
