@@ -189,7 +189,7 @@ def test_artifact_preverified_has_one_parser_and_one_reader() -> None:
     import inspect
 
     import coldsnap._wire as wire
-    import coldsnap.plugin._settings as settings
+    import coldsnap._wire._env as settings
     import coldsnap.providers.native._hydrate as hydrate
 
     assert settings.parse_flag is wire.parse_flag

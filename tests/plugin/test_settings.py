@@ -67,7 +67,7 @@ def test_a_rank_timeout_must_be_positive_seconds(raw: str) -> None:
         ("COLDSNAP_LIVE_BACKING", "auto", "discard, cpu, disk"),
         ("COLDSNAP_LIVE_BACKING", "host_discard", "discard, cpu, disk"),
         ("COLDSNAP_KEEP_RESIDUAL", "keep", "0, 1, true, false"),
-        ("COLDSNAP_SGLANG_STARTUP_SOURCE", "s3", "checkpoint, payload"),
+        ("COLDSNAP_SGLANG_STARTUP_SOURCE", "s3", "payload, checkpoint"),
         ("COLDSNAP_SGLANG_RECOVERY_LOAD_FORMAT", "gguf", "auto, safetensors, pt"),
         ("COLDSNAP_SHAPE_CALIBRATION", "maybe", "off, record"),
         ("COLDSNAP_ASYNC_CUDA_GRAPHS", "2", "0, 1, true, false"),
@@ -135,3 +135,29 @@ def test_unknown_names_are_reported_not_refused() -> None:
     env = {**BASE, "COLDSNAP_EXPORT_MODEL_PAYLAOD": "1"}
     assert load_settings(env).mode == "capture"
     assert unknown_variables(env) == ["COLDSNAP_EXPORT_MODEL_PAYLAOD"]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        Settings(),
+        Settings(mode="capture", runtime_dir=Path("/r"), shape_calibration="record"),
+        Settings(
+            mode="restore",
+            runtime_dir=Path("/r"),
+            startup_source="payload",
+            artifact_dir=Path("/a"),
+            artifact_preverified=True,
+            rank_timeout_s=12.5,
+            keep_residual=False,
+        ),
+    ],
+)
+def test_the_launchers_environment_reads_back_as_the_same_record(settings: Settings) -> None:
+    assert Settings.from_env(settings.to_env()) == settings
+
+
+def test_a_record_the_plugin_would_refuse_is_never_written() -> None:
+    with pytest.raises(SettingsError) as info:
+        Settings(mode="restore", runtime_dir=Path("/r"), startup_source="payload").to_env()
+    assert info.value.variables == ("COLDSNAP_ARTIFACT_DIR",)

@@ -17,7 +17,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from coldsnap._errors import RefusedError
+from coldsnap._wire import EngineSettings
 from coldsnap.machine import LaunchCommand, WeightSource, WeightSourceError
 
 from ._cmdline import TP_FLAGS
@@ -112,32 +115,35 @@ def export_dir(runtime_dir: Path) -> Path:
 
 
 def coldsnap_env(request: Any, weights: WeightSource, runtime_dir: Path) -> dict[str, str]:
-    """The COLDSNAP_* variables of an engine: a capture from a payload source exports the
-    payload on release, and every capture publishes its graph shapes; an engine constructed at
-    restore (n580) starts from the payload (hydrated at load) or the checkpoint. The request's
+    """The COLDSNAP_* variables of an engine (coldsnap._wire.EngineSettings): a capture from a
+    payload source exports the payload on release, and every capture publishes its graph
+    shapes; an engine constructed at restore (n580) starts from the payload (hydrated at load,
+    verified already where the provider says so) or the checkpoint. The request's
     `async_cuda_graphs` defers the decode graphs."""
-    env = {"COLDSNAP_RUNTIME_DIR": str(runtime_dir)}
-    if getattr(request, "async_cuda_graphs", False):
-        env["COLDSNAP_ASYNC_CUDA_GRAPHS"] = "1"
+    settings = EngineSettings(
+        runtime_dir=runtime_dir,
+        async_cuda_graphs=bool(getattr(request, "async_cuda_graphs", False)),
+    )
     if request.operation == "capture":
-        env["COLDSNAP_MODE"] = "capture"
         # the graph shapes warmed before the snapshot are published, and the capsule binds them
-        env["COLDSNAP_SHAPE_CALIBRATION"] = "record"
+        settings = attrs.evolve(settings, mode="capture", shape_calibration="record")
         if weights.payload:
-            env["COLDSNAP_EXPORT_MODEL_PAYLOAD"] = "1"
-            env["COLDSNAP_ARTIFACT_DIR"] = str(export_dir(runtime_dir))
+            settings = attrs.evolve(
+                settings, export_model_payload=True, artifact_dir=export_dir(runtime_dir)
+            )
     else:
-        env["COLDSNAP_MODE"] = "restore"
-        env["COLDSNAP_SGLANG_STARTUP_SOURCE"] = weights.source
+        settings = attrs.evolve(settings, mode="restore", startup_source=weights.source)
         if weights.payload:
             if not weights.payload_dir:
                 raise WeightSourceError(
                     "weight source field 'payload_dir': a restore from a payload names it"
                 )
-            env["COLDSNAP_ARTIFACT_DIR"] = weights.payload_dir
-            if weights.preverified:
-                env["COLDSNAP_ARTIFACT_PREVERIFIED"] = "1"
-    return env
+            settings = attrs.evolve(
+                settings,
+                artifact_dir=Path(weights.payload_dir),
+                artifact_preverified=weights.preverified,
+            )
+    return settings.to_env()
 
 
 class SGLangLauncher:

@@ -1,13 +1,6 @@
-"""The records the orchestrator and coldsnap's plugin inside SGLang exchange through files under
-the engine's runtime directory (COLDSNAP_RUNTIME_DIR), and the names of SGLang's memory regions.
-
-The two sides never import each other; both import this module, so it imports nothing heavy
-(attrs and coldsnap's leaves only). The plugin writes a status record per process
-(`status_path`) and reads the resume plan (`read_plan`); the engine adapter
-(coldsnap.engines.sglang) writes the plan (`write_plan`) before it asks SGLang to resume the
-weights. Every record carries `format` and `kind`; writes are atomic (temporary file, fsync,
-rename).
-"""
+"""The resume plan the engine adapter writes under the engine's runtime directory and the plugin
+reads, the status record's path, the names of SGLang's memory regions, and the one parser of
+boolean COLDSNAP_* values."""
 
 from __future__ import annotations
 
@@ -160,30 +153,3 @@ def read_plan(runtime_dir: Path) -> ResumePlan:
     except ValueError as exc:
         raise PlanError(f"resume plan {path} is not JSON: {exc}") from None
     return plan_from(data, where=f"resume plan {path}")
-
-
-__all__ = [
-    "CHECKPOINT_SOURCE",
-    "CUDA_GRAPH",
-    "FLAG_FALSE",
-    "FLAG_TRUE",
-    "FLAG_VALUES",
-    "KV_CACHE",
-    "MEMORY_TAGS",
-    "PAYLOAD_SOURCE",
-    "PLAN_FILE",
-    "PLAN_FORMAT",
-    "PLAN_KIND",
-    "SOURCES",
-    "STATUS_FORMAT",
-    "STATUS_KIND",
-    "WEIGHTS",
-    "FlagError",
-    "PlanError",
-    "ResumePlan",
-    "parse_flag",
-    "plan_from",
-    "read_plan",
-    "status_path",
-    "write_plan",
-]

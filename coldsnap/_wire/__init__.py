@@ -1,0 +1,92 @@
+"""The records the orchestrator and coldsnap's plugin inside SGLang exchange, and the names of
+SGLang's memory regions. The two sides never import each other; both import this package, so it
+imports nothing heavy (attrs and coldsnap's leaves only).
+
+- the engine's environment (`EngineSettings`: every COLDSNAP_* variable; the launcher writes it
+  with `to_env()`, the plugin reads it with `EngineSettings.from_env()`);
+- the resume plan (`ResumePlan`, under the engine's runtime directory: the engine adapter
+  writes it with `write_plan` before it asks SGLang to resume the weights, the plugin reads it
+  with `read_plan`);
+- the status record the plugin keeps per process (`status_path`).
+
+Every record on disk carries `format` and `kind`; writes are atomic (temporary file, fsync,
+rename).
+"""
+
+from ._env import (
+    BOOL_VALUES,
+    DEFAULT_RANK_TIMEOUT_S,
+    LIVE_BACKINGS,
+    MODES,
+    RECOVERY_LOAD_FORMATS,
+    SHAPE_CALIBRATIONS,
+    STARTUP_SOURCES,
+    VARIABLES,
+    EngineSettings,
+    SettingsError,
+    load_settings,
+    unknown_variables,
+)
+from ._plan import (
+    CHECKPOINT_SOURCE,
+    CUDA_GRAPH,
+    FLAG_FALSE,
+    FLAG_TRUE,
+    FLAG_VALUES,
+    KV_CACHE,
+    MEMORY_TAGS,
+    PAYLOAD_SOURCE,
+    PLAN_FILE,
+    PLAN_FORMAT,
+    PLAN_KIND,
+    SOURCES,
+    STATUS_FORMAT,
+    STATUS_KIND,
+    WEIGHTS,
+    FlagError,
+    PlanError,
+    ResumePlan,
+    parse_flag,
+    plan_from,
+    read_plan,
+    status_path,
+    write_plan,
+)
+
+__all__ = [
+    "BOOL_VALUES",
+    "CHECKPOINT_SOURCE",
+    "CUDA_GRAPH",
+    "DEFAULT_RANK_TIMEOUT_S",
+    "FLAG_FALSE",
+    "FLAG_TRUE",
+    "FLAG_VALUES",
+    "KV_CACHE",
+    "LIVE_BACKINGS",
+    "MEMORY_TAGS",
+    "MODES",
+    "PAYLOAD_SOURCE",
+    "PLAN_FILE",
+    "PLAN_FORMAT",
+    "PLAN_KIND",
+    "RECOVERY_LOAD_FORMATS",
+    "SHAPE_CALIBRATIONS",
+    "SOURCES",
+    "STARTUP_SOURCES",
+    "STATUS_FORMAT",
+    "STATUS_KIND",
+    "VARIABLES",
+    "WEIGHTS",
+    "EngineSettings",
+    "FlagError",
+    "PlanError",
+    "ResumePlan",
+    "SettingsError",
+    "load_settings",
+    "parse_flag",
+    "plan_from",
+    "read_plan",
+    "status_path",
+    "unknown_variables",
+    "write_plan",
+]
