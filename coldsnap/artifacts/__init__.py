@@ -22,6 +22,7 @@ from ._errors import (
     RecordError,
     StoreError,
 )
+from ._hashing import sha256_fd, sha256_file, sha256_range
 from ._identity import (
     EngineBuild,
     FileDigest,
@@ -34,6 +35,7 @@ from ._identity import (
     Topology,
 )
 from ._names import DIGEST_PREFIX, digest_problem, member_name_problem
+from ._nodememo import Stamp, read_record, settled, write_record
 from ._sources import Persisted, SourceMemo
 from ._store import GcReport, ObjectWriter, Store, VerifyReport
 
@@ -59,6 +61,7 @@ __all__ = [
     "ShapeCoverage",
     "SnapshotDriver",
     "SourceMemo",
+    "Stamp",
     "Store",
     "StoreError",
     "Topology",
@@ -74,8 +77,14 @@ __all__ = [
     "from_json",
     "make_converter",
     "member_name_problem",
+    "read_record",
     "record_digest",
+    "settled",
+    "sha256_fd",
+    "sha256_file",
+    "sha256_range",
     "to_json",
     "tree_digest",
     "validate",
+    "write_record",
 ]

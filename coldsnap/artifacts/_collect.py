@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from ._hashing import sha256_file
 from ._identity import (
     EngineBuild,
     FileDigest,
@@ -19,7 +20,6 @@ from ._identity import (
 )
 
 _NVIDIA_VERSION = Path("/proc/driver/nvidia/version")
-_CHUNK = 8 << 20
 
 
 def collect_platform(device: int | None = None) -> Platform:
@@ -68,14 +68,9 @@ def _nccl_version() -> str | None:
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
-    """`sha256:<hex>` of a file, streamed."""
-    digest = hashlib.sha256()
-    with open(path, "rb", buffering=0) as handle:
-        buffer = bytearray(_CHUNK)
-        view = memoryview(buffer)
-        while n := handle.readinto(buffer):
-            digest.update(view[:n])
-    return "sha256:" + digest.hexdigest()
+    """`sha256:<hex>` of a file, streamed (symbolic links followed: checkpoints are made of
+    them)."""
+    return sha256_file(path)
 
 
 def checkpoint_digests(

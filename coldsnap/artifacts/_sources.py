@@ -6,14 +6,14 @@ re-tokenizes each, and re-parses a whole module per class: about 0.1 s a call on
 allocation storm that makes the collector walk a large GPU orchestrator's heap), yet its inputs
 are files whose stat changes when they do. So the value is kept with the stat (device, inode,
 size, mtime) of every file and directory `sources()` names after the computation, and handed
-back while all of them are as they were. As with verified objects (coldsnap.capsules._verified),
-what stat cannot see is not caught: a writer that puts the mtime back, or bytes changed under
+back while all of them are as they were (the node's stamps: coldsnap.artifacts._nodememo).
+What stat cannot see is not caught: a writer that puts the mtime back, or bytes changed under
 an unchanged inode by something other than a write. A value whose inputs were written just
 before or during the computation is not kept, since a file's time ticks coarsely.
 
 With `Persisted`, the value also outlives the process: it is written, with the stamps and what
 selects it (the interpreter, the import path, the environment variables the computation reads),
-to a node-local record under /run (the trust model of coldsnap.capsules._verified: a reboot
+to a node-local record under /run (coldsnap.artifacts._nodememo: a reboot
 forgets it, its folder is private (0700), and a record that cannot be read, is another user's,
 of another format or kind, or selected by something else is not used). A fresh process
 (`coldsnap restore`) whose every stamp still matches takes the value from the record instead of
@@ -34,21 +34,16 @@ from typing import Any, Generic, Literal, TypeVar
 from attrs import field, frozen
 from cattrs import BaseValidationError
 
-from coldsnap._atomic import write_json_atomic
+from coldsnap._paths import SOURCES_ROOT
 
-from ._convert import converter, from_json
-from ._errors import RecordError
+from ._convert import converter
+from ._nodememo import read_record, settled, write_record
 
 T = TypeVar("T")
 
-SOURCES_ROOT = Path("/run/coldsnap/sources")
-"""Where persisted values live (node-local, forgotten at reboot); `Persisted.root` overrides."""
 _FORMAT = 1
 _KIND = "coldsnap.source-memo"
 Origin = Literal["memory", "record", "computed"]
-
-_SETTLED_NS = 2_000_000_000
-"""A file written later than this before the computation began leaves nothing kept."""
 
 Stamp = tuple[str, int, int, int, int]
 
@@ -123,13 +118,13 @@ class Persisted(Generic[T]):
         (absent, unreadable, another format or kind, another selector, a value that does not
         structure)."""
         selector = self.selector()
+        record = read_record(self._path(selector), MemoRecord)
+        if record is None or record.name != self.name or record.selector != selector:
+            return None
         try:
-            record = from_json(_own_bytes(self._path(selector)), MemoRecord)
             value = converter.structure(record.value, self.value_type)
-        except (OSError, RecordError, BaseValidationError, ValueError, TypeError, KeyError):
-            return None
-        if record.name != self.name or record.selector != selector:
-            return None
+        except (BaseValidationError, ValueError, TypeError, KeyError):
+            return None  # a value that does not structure is no record
         return tuple((f.path, f.dev, f.ino, f.size, f.mtime_ns) for f in record.seen), value
 
     def save(self, seen: tuple[Stamp, ...], value: T) -> None:
@@ -144,21 +139,7 @@ class Persisted(Generic[T]):
             value=converter.unstructure(value),
             seen=tuple(SeenFile(*stamp) for stamp in seen),
         )
-        target = self._path(selector)
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            write_json_atomic(target, converter.unstructure(record), indent=0)
-        except OSError:
-            return
-
-
-def _own_bytes(path: Path) -> bytes:
-    """The file's bytes, when this process's user owns it (another user's record is never
-    taken on its word); PermissionError otherwise."""
-    with path.open("rb") as f:
-        if os.fstat(f.fileno()).st_uid != os.geteuid():
-            raise PermissionError(f"{path} is another user's")
-        return f.read()
+        write_record(self._path(selector), record)
 
 
 class SourceMemo(Generic[T]):
@@ -204,7 +185,7 @@ class SourceMemo(Generic[T]):
             began = time.time_ns()
             value = self._compute()
             seen = stamps(self._sources())
-            if all(mtime < began - _SETTLED_NS for *_, mtime in seen):
+            if all(settled(mtime, began) for *_, mtime in seen):
                 self._kept = (seen, value, False)
                 if self._persist is not None:
                     self._persist.save(seen, value)

@@ -36,9 +36,9 @@ from . import _fs
 from ._capsule import Capsule, TagRecord
 from ._convert import from_json, to_json
 from ._errors import IntegrityError, RecordError, StoreError
+from ._hashing import CHUNK, sha256_fd
 from ._names import DIGEST_PREFIX, digest_problem, tag_problem
 
-_CHUNK = 8 << 20
 _SENDFILE_BYTES = 1 << 30
 _HEX = frozenset("0123456789abcdef")
 
@@ -148,7 +148,7 @@ class Store:
 
     def put_stream(self, stream: BinaryIO) -> str:
         """Copies a readable binary stream in, hashing while copying."""
-        buffer = bytearray(_CHUNK)
+        buffer = bytearray(CHUNK)
         view = memoryview(buffer)
         with self.writer() as w:
             while n := stream.readinto(buffer):  # type: ignore[attr-defined]
@@ -183,7 +183,7 @@ class Store:
             fd = _fs.open_read(tmp)
             try:
                 os.fsync(fd)
-                digest = _hash_fd(fd)
+                digest = sha256_fd(fd)
             finally:
                 os.close(fd)
             self._install(tmp, digest)
@@ -314,7 +314,7 @@ class Store:
         """Rehashes one object; IntegrityError when its bytes no longer match its name."""
         fd = _fs.open_read(self.path(digest))
         try:
-            found = _hash_fd(fd)
+            found = sha256_fd(fd)
         finally:
             os.close(fd)
         if found != digest:
@@ -649,7 +649,7 @@ def _copy_in(source: Path, tmp: Path) -> None:
 def _copy_through_buffer(src: int, dst: int) -> None:
     os.ftruncate(dst, 0)
     os.lseek(dst, 0, os.SEEK_SET)
-    buffer = bytearray(_CHUNK)
+    buffer = bytearray(CHUNK)
     view = memoryview(buffer)
     offset = 0
     while n := os.preadv(src, [buffer], offset):
@@ -664,13 +664,13 @@ def _one_pass(
     run: Callable[..., Future[object]],
     progress: Callable[[int], None] | None,
 ) -> tuple[str, int, tuple[str, ...]]:
-    """Reads `src` once, in pieces of one block (or _CHUNK), into two buffers used in turn:
+    """Reads `src` once, in pieces of one block (or CHUNK), into two buffers used in turn:
     the whole-file sha256 is updated here while `run` hashes the previous block. A buffer is
     read into again only when what hashed it is done. Returns the digest, the bytes read and
     each block's sha256 (hex); StoreError names `name` if the file grew while it was read."""
     whole = hashlib.sha256()
     size = os.fstat(src).st_size
-    piece = block_bytes or _CHUNK
+    piece = block_bytes or CHUNK
     # a file smaller than a piece is read whole (one byte to spare shows that it ended)
     buffers = [bytearray(piece if size >= piece else size + 1) for _ in range(2)]
     busy: list[list[Future[object]]] = [[], []]
@@ -718,14 +718,3 @@ def _read_full(fd: int, view: memoryview, offset: int) -> int:
 
 def _sha256_hex(data: memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _hash_fd(fd: int) -> str:
-    sha = hashlib.sha256()
-    buffer = bytearray(_CHUNK)
-    view = memoryview(buffer)
-    offset = 0
-    while n := os.preadv(fd, [buffer], offset):
-        sha.update(view[:n])
-        offset += n
-    return DIGEST_PREFIX + sha.hexdigest()

@@ -47,6 +47,8 @@ from coldsnap.artifacts import (
     collect_platform,
     from_json,
     record_digest,
+    sha256_file,
+    sha256_range,
     to_json,
 )
 from coldsnap.machine import Engine, InstalledBuild, LifecycleRequest, StepContext
@@ -314,7 +316,6 @@ def _mismatch(artifact: str, what: str, wrong: list[Difference]) -> Incompatible
 
 
 VERIFY_THREADS = min(16, os.cpu_count() or 1)
-_CHUNK = 8 << 20
 
 
 class _Meter:
@@ -360,7 +361,7 @@ def verify_layout(
                 meter(member.size)
             continue
         try:
-            seen = Seen.of(path)
+            seen = Seen.of(path, follow_symlinks=False)
         except OSError as exc:
             problems[member.name] = f"member {member.name!r}: {exc.strerror}"
             continue
@@ -409,31 +410,16 @@ def _threads(tasks: int) -> int:
 
 
 def _hash_block(path: Path, block: int) -> str:
-    sha = hashlib.sha256()
-    buffer = bytearray(min(_CHUNK, BLOCK_BYTES))
-    view = memoryview(buffer)
-    offset, end = block * BLOCK_BYTES, (block + 1) * BLOCK_BYTES
+    """The hex sha256 of one BLOCK_BYTES block of the file at `path` (links refused)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     try:
-        while offset < end and (n := os.preadv(fd, [view[: min(len(view), end - offset)]], offset)):
-            sha.update(view[:n])
-            offset += n
+        return sha256_range(fd, block * BLOCK_BYTES, (block + 1) * BLOCK_BYTES)
     finally:
         os.close(fd)
-    return sha.hexdigest()
 
 
 def _hash_file(path: Path) -> str:
-    sha = hashlib.sha256()
-    buffer = bytearray(_CHUNK)
-    view = memoryview(buffer)
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        while n := os.readv(fd, [buffer]):
-            sha.update(view[:n])
-    finally:
-        os.close(fd)
-    return "sha256:" + sha.hexdigest()
+    return sha256_file(path, follow_symlinks=False)
 
 
 def carried_facts(ctx: StepContext) -> dict[str, Any]:

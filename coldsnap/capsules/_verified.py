@@ -16,36 +16,39 @@ sets the mtime back.
 
 from __future__ import annotations
 
-import json
-import os
-import time
 from pathlib import Path
 
-from attrs import asdict, frozen
+from attrs import field, frozen
 
-from coldsnap._atomic import write_json_atomic
+from coldsnap._paths import VERIFIED_ROOT
+from coldsnap.artifacts import Stamp, read_record, settled, write_record
 
-VERIFIED_ROOT = Path("/run/coldsnap/verified")
 _FORMAT = 1
 _KIND = "coldsnap.verified-object"
-_SETTLED_NS = 2_000_000_000
-"""Only an object whose mtime is this old is remembered: file times tick coarsely (a jiffy), so a
-write just after the hash could leave the mtime unchanged."""
+
+Seen = Stamp
+"""What identifies the bytes of an object's inode as they were when they were hashed."""
 
 
-@frozen
-class Seen:
-    """What identifies the bytes of an object's inode as they were when they were hashed."""
+def _seen(path: Path) -> Stamp:
+    return Stamp.of(path, follow_symlinks=False)
 
-    dev: int
-    ino: int
-    size: int
-    mtime_ns: int
 
-    @classmethod
-    def of(cls, path: Path) -> Seen:
-        st = os.stat(path, follow_symlinks=False)
-        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+@frozen(kw_only=True)
+class VerifiedRecord:
+    """One object verified in full: its digest and the stamp of the inode that was hashed."""
+
+    KIND = _KIND
+
+    format: int = field()
+    kind: str
+    digest: str
+    seen: Stamp
+
+    @format.validator
+    def _check_format(self, _attr: object, value: int) -> None:
+        if value != _FORMAT:
+            raise ValueError(f"format: expected {_FORMAT}, found {value!r}")
 
 
 class VerifiedObjects:
@@ -62,31 +65,26 @@ class VerifiedObjects:
 
     def unchanged(self, digest: str, path: Path) -> bool:
         """Whether `path` is the very inode, untouched, that was verified as `digest`."""
-        record_path = self._path(digest)
+        record = read_record(self._path(digest), VerifiedRecord)
+        if record is None or record.digest != digest:
+            return False
         try:
-            record = json.loads(record_path.read_text())
-            now = Seen.of(path)
-        except (OSError, ValueError):
+            return record.seen == _seen(path)
+        except OSError:
             return False
-        if not isinstance(record, dict) or record.get("format") != _FORMAT:
-            return False
-        return record.get("kind") == _KIND and record.get("seen") == asdict(now)
 
-    def remember(self, digest: str, path: Path, before: Seen) -> None:
+    def remember(self, digest: str, path: Path, before: Stamp) -> None:
         """Records `path` as verified as `digest`, when its inode is still as it was `before`
         the hashing began (a write during the hash leaves nothing recorded)."""
-        if time.time_ns() - before.mtime_ns < _SETTLED_NS:
+        if not settled(before.mtime_ns):
             return  # a write in the same clock tick would leave the mtime as it is
         try:
-            if Seen.of(path) != before:
+            if _seen(path) != before:
                 return
-            target = self._path(digest)
-            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            write_json_atomic(
-                target, {"format": _FORMAT, "kind": _KIND, "digest": digest, "seen": asdict(before)}
-            )
         except OSError:
-            return  # a record not written costs a re-hash next time, nothing else
+            return
+        record = VerifiedRecord(format=_FORMAT, kind=_KIND, digest=digest, seen=before)
+        write_record(self._path(digest), record)
 
 
-__all__ = ["VERIFIED_ROOT", "Seen", "VerifiedObjects"]
+__all__ = ["VERIFIED_ROOT", "Seen", "VerifiedObjects", "VerifiedRecord"]

@@ -20,12 +20,13 @@ from typing import Any
 import attrs
 
 from coldsnap._errors import RefusedError
+from coldsnap._paths import ENGINES_ROOT
 from coldsnap._wire import EngineSettings
 from coldsnap.machine import LaunchCommand, WeightSource, WeightSourceError
 
 from ._cmdline import TP_FLAGS
 
-RUNTIME_ROOT = Path("/run/coldsnap/engines")
+RUNTIME_ROOT = ENGINES_ROOT
 CPU_BIND_VARIABLE = "SGLANG_CPU_OMP_THREADS_BIND"
 # On CPU each rank's scheduler busy-polls a core while idle; with several ranks on a small host
 # they starve the HTTP process (measured on 2 cores, TP2: first answer 14 s later than with it).
