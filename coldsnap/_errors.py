@@ -19,6 +19,11 @@ The tree, by what the caller does next:
 
 Package bases keep a builtin second parent where callers rely on one (`RequestError` and
 `RecordError` are also `ValueError`).
+
+Across the branches, `EnvironmentMissing` marks an error that says this host lacks what the
+operation needs (CRIU, an engine install): the command line exits 5 for it. A receipt keeps
+the branch of the error that ended its operation (coldsnap.machine.ErrorRecord), so callers
+act on the branch instead of parsing class names out of a message.
 """
 
 from __future__ import annotations
@@ -44,4 +49,16 @@ class PluginError(ColdsnapError):
     """The plugin inside the engine's processes refuses to go on."""
 
 
-__all__ = ["ColdsnapError", "DefinitionError", "OperationError", "PluginError", "RefusedError"]
+class EnvironmentMissing(ColdsnapError):
+    """Mixed into an error of any branch that says this host lacks what the operation needs
+    (CRIU, an engine install), not that the operation or its request is wrong."""
+
+
+__all__ = [
+    "ColdsnapError",
+    "DefinitionError",
+    "EnvironmentMissing",
+    "OperationError",
+    "PluginError",
+    "RefusedError",
+]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from attrs import define
 
-from coldsnap._errors import OperationError
+from coldsnap._errors import EnvironmentMissing, OperationError
 
 
 def _say(headline: str, *details: tuple[str, object]) -> str:
@@ -41,7 +41,7 @@ class CriuError(BackendError):
         )
 
 
-class CriuUnavailable(CriuError):
+class CriuUnavailable(CriuError, EnvironmentMissing):
     """No usable CRIU here: missing binary, a version below the minimum, or `criu check` fails."""
 
 

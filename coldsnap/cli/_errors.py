@@ -5,6 +5,10 @@ another operation holds); 3 rolled back (nothing left behind); 4 failed with lef
 compensation failed: the receipt names it); 5 the environment lacks what the operation needs
 (CRIU, an engine install); 1 any other coldsnap error. Errors print one line on stderr,
 `coldsnap: <what>`, and a traceback only under `--debug`.
+
+The code comes from the error's branch of coldsnap's exception tree (and its
+`EnvironmentMissing` mark), on a live exception or on the typed error a receipt keeps
+(`Receipt.failure`), never from a class name parsed out of a message.
 """
 
 from __future__ import annotations
@@ -19,21 +23,27 @@ from typing import Any, NoReturn
 import click
 
 from coldsnap._errors import ColdsnapError
-from coldsnap.machine import JournalError, Receipt, RequestError
+from coldsnap.machine import (
+    JournalError,
+    Receipt,
+    RequestError,
+    branch_of,
+    environment_missing,
+)
 
 OK, OTHER, BAD_REQUEST, ROLLED_BACK, FAILED, ENVIRONMENT_MISSING = 0, 1, 2, 3, 4, 5
 
-_ENVIRONMENT_MISSING = ("CriuUnavailable", "GpuInstallError", "ModuleNotFoundError")
-"""Errors that say this host lacks what the operation needs, by class name (a receipt keeps
-its error as `Name: message`)."""
+BRANCH_CODES = {RequestError.__name__: BAD_REQUEST}
+"""Exit codes by branch for an error raised out of a command; every other branch (and an
+unexpected error) is OTHER."""
 
 
 def code_of(exc: BaseException) -> int:
-    if type(exc).__name__ in _ENVIRONMENT_MISSING or isinstance(exc, ModuleNotFoundError):
+    if environment_missing(exc):
         return ENVIRONMENT_MISSING
-    if isinstance(exc, RequestError | JournalError | json.JSONDecodeError | UnicodeDecodeError):
-        return BAD_REQUEST
-    return OTHER
+    if isinstance(exc, JournalError | json.JSONDecodeError | UnicodeDecodeError):
+        return BAD_REQUEST  # a workdir without a journal, or one another operation holds
+    return BRANCH_CODES.get(branch_of(exc), OTHER)
 
 
 def receipt_code(receipt: Receipt) -> int:
@@ -41,7 +51,7 @@ def receipt_code(receipt: Receipt) -> int:
         return OK
     if receipt.outcome == "failed":
         return FAILED
-    if (receipt.error or "").partition(":")[0] in _ENVIRONMENT_MISSING:
+    if receipt.failure is not None and receipt.failure.environment:
         return ENVIRONMENT_MISSING
     return ROLLED_BACK
 

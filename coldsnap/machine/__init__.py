@@ -6,23 +6,41 @@ from ._context import DeclaredFacts, Skipped, StepContext
 from ._convert import REQUEST_CLASSES, parse_request
 from ._diagram import document, mermaid
 from ._errors import (
+    BRANCHES,
     Cancelled,
     ColdsnapError,
     ComponentError,
+    DefinitionError,
+    EnvironmentMissing,
     IllegalTransition,
+    Interrupted,
     JournalError,
     MissingFact,
+    OperationError,
+    PluginError,
+    RefusedError,
     RegistryError,
     RequestError,
     SpecError,
     StepTimeout,
     UndeclaredFact,
     UndeclaredRead,
+    branch_of,
+    environment_missing,
 )
 from ._facts import Fact, declared_facts, fact
 from ._guards import CHECKPOINT, CUDA, GRAPHS, PAYLOAD, RETIRE, Guard, capability
 from ._journal import JOURNAL_NAME, Journal, JournalRecord, Replay, read_journal
-from ._launch import LaunchCommand, Launcher, WeightSource, WeightSourceError, launch_weights
+from ._launch import (
+    CommandLineError,
+    InstalledBuild,
+    LaunchCommand,
+    Launcher,
+    LaunchLine,
+    WeightSource,
+    WeightSourceError,
+    launch_weights,
+)
 from ._machine import Machine, lifecycle_request, op_workdir
 from ._protocols import (
     ArtifactStore,
@@ -34,7 +52,7 @@ from ._protocols import (
     check_components,
     declared_methods,
 )
-from ._receipt import Receipt, StepEvent, StepRecord
+from ._receipt import ErrorRecord, Receipt, StepEvent, StepRecord
 from ._registry import ENTRY_POINT_GROUP, REGISTRY, Components, Entry, Registry
 from ._requests import (
     CaptureRequest,
@@ -62,6 +80,7 @@ from ._spec import (
 )
 
 __all__ = [
+    "BRANCHES",
     "CHECKPOINT",
     "COMPONENTS",
     "CUDA",
@@ -81,27 +100,37 @@ __all__ = [
     "Cancelled",
     "CaptureRequest",
     "ColdsnapError",
+    "CommandLineError",
     "Component",
     "ComponentError",
     "Components",
     "DeclaredFacts",
+    "DefinitionError",
     "Driver",
     "Engine",
     "Entry",
+    "EnvironmentMissing",
+    "ErrorRecord",
     "Fact",
     "Graph",
     "Guard",
     "IllegalTransition",
+    "InstalledBuild",
+    "Interrupted",
     "Journal",
     "JournalError",
     "JournalRecord",
     "LaunchCommand",
+    "LaunchLine",
     "Launcher",
     "LifecycleRequest",
     "Machine",
     "MissingFact",
     "ModelRef",
+    "OperationError",
+    "PluginError",
     "Receipt",
+    "RefusedError",
     "Registry",
     "RegistryError",
     "Replay",
@@ -127,11 +156,13 @@ __all__ = [
     "WeightProvider",
     "WeightSource",
     "WeightSourceError",
+    "branch_of",
     "capability",
     "check_components",
     "declared_facts",
     "declared_methods",
     "document",
+    "environment_missing",
     "fact",
     "launch_weights",
     "lifecycle_request",

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from coldsnap._errors import ColdsnapError, DefinitionError, OperationError
+from coldsnap._errors import (
+    ColdsnapError,
+    DefinitionError,
+    EnvironmentMissing,
+    OperationError,
+    PluginError,
+    RefusedError,
+)
 
 
 class SpecError(DefinitionError):
@@ -63,17 +70,53 @@ class JournalError(OperationError):
     """A journal cannot be read or does not belong to this machine."""
 
 
+class Interrupted(OperationError):
+    """The orchestrator stopped during a step that cannot be retried: the resume compensates."""
+
+
+BRANCHES: tuple[type[ColdsnapError], ...] = (
+    DefinitionError,
+    RequestError,
+    OperationError,
+    RefusedError,
+    PluginError,
+)
+"""The branches of coldsnap's exception tree, by what the caller does next (coldsnap._errors)."""
+UNEXPECTED = "unexpected"
+
+
+def branch_of(exc: BaseException) -> str:
+    """The name of the branch `exc` belongs to, or 'unexpected' for an error coldsnap did not
+    raise on purpose (a builtin from a component)."""
+    return next((b.__name__ for b in BRANCHES if isinstance(exc, b)), UNEXPECTED)
+
+
+def environment_missing(exc: BaseException) -> bool:
+    """Whether `exc` says this host lacks what the operation needs."""
+    return isinstance(exc, EnvironmentMissing | ModuleNotFoundError)
+
+
 __all__ = [
+    "BRANCHES",
+    "UNEXPECTED",
     "Cancelled",
     "ColdsnapError",
     "ComponentError",
+    "DefinitionError",
+    "EnvironmentMissing",
     "IllegalTransition",
+    "Interrupted",
     "JournalError",
     "MissingFact",
+    "OperationError",
+    "PluginError",
+    "RefusedError",
     "RegistryError",
     "RequestError",
     "SpecError",
     "StepTimeout",
     "UndeclaredFact",
     "UndeclaredRead",
+    "branch_of",
+    "environment_missing",
 ]

@@ -18,6 +18,7 @@ import filelock
 from attrs import define, field, frozen
 
 from ._errors import JournalError
+from ._receipt import ErrorRecord
 
 JOURNAL_NAME = "journal.jsonl"
 LOCK_NAME = ".coldsnap.lock"
@@ -26,7 +27,8 @@ RECORD_FORMAT = 3
 """Format 2: the `begin` record names the components (role -> name) and whether the operation
 is a dry run, so that a resume is refused with components other than those that started it.
 Format 3: it also keeps each component's capabilities (role -> sorted names), so that a resume
-whose components would select other steps than the run it resumes is refused."""
+whose components would select other steps than the run it resumes is refused; a `step_fail`
+record keeps the error typed (`failure`, an ErrorRecord) beside its one line (`error`)."""
 
 
 class WorkdirBusy(JournalError):
@@ -77,6 +79,7 @@ class JournalRecord:
     seconds: float | None = None
     facts: dict[str, Any] | None = None
     error: str | None = None
+    failure: ErrorRecord | None = None
     detail: str | None = None
     spec: str | None = None
     request: dict[str, Any] | None = None

@@ -24,9 +24,40 @@ class StepRecord:
 
 
 @frozen(kw_only=True)
+class ErrorRecord:
+    """The error that ended an operation, typed: its class name, its branch of coldsnap's
+    exception tree (DefinitionError, RequestError, OperationError, RefusedError, PluginError,
+    or 'unexpected'), the step it came from (None before any step: a cancellation), its
+    message, and whether it says this host lacks what the operation needs (`environment`)."""
+
+    type: str
+    branch: str
+    step: str | None
+    message: str
+    environment: bool = False
+
+    @classmethod
+    def of(cls, exc: BaseException, step: str | None) -> ErrorRecord:
+        from ._errors import branch_of, environment_missing
+
+        return cls(
+            type=type(exc).__name__,
+            branch=branch_of(exc),
+            step=step,
+            message=str(exc),
+            environment=environment_missing(exc),
+        )
+
+    def line(self) -> str:
+        """The error as one `Type: message` line (what `Receipt.error` holds)."""
+        return f"{self.type}: {self.message}"
+
+
+@frozen(kw_only=True)
 class Receipt:
-    """The result of one capture or restore. `outcome` is terminal: done, rolled_back or failed
-    (failed means a compensation failed too, and `compensations` says which)."""
+    """The result of one operation. `outcome` is terminal: done, rolled_back or failed (failed
+    means a compensation failed too, and `compensations` says which). `error` is the error
+    that ended it as one line, `failure` the same error typed (format 2)."""
 
     operation: str
     spec: str
@@ -35,10 +66,11 @@ class Receipt:
     compensations: tuple[StepRecord, ...] = ()
     facts: dict[str, Any] = field(factory=dict)
     error: str | None = None
+    failure: ErrorRecord | None = None
     seconds: float = 0.0
     resumed: bool = False
     workdir: str = ""
-    format: int = 1
+    format: int = 2
     kind: str = "coldsnap.receipt"
 
     @property

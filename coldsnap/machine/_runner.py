@@ -22,9 +22,17 @@ from transitions import Machine as _Transitions
 from transitions import MachineError
 
 from ._context import Skipped, StepContext
-from ._errors import IllegalTransition, JournalError, MissingFact, StepTimeout, UndeclaredFact
+from ._errors import (
+    Cancelled,
+    IllegalTransition,
+    Interrupted,
+    JournalError,
+    MissingFact,
+    StepTimeout,
+    UndeclaredFact,
+)
 from ._journal import Journal, Replay
-from ._receipt import Receipt, StepEvent, StepRecord
+from ._receipt import ErrorRecord, Receipt, StepEvent, StepRecord
 from ._requests import Request
 from ._spec import (
     ADVANCE,
@@ -139,6 +147,8 @@ class Run:
         self.completed: list[Step] = []
         self._comps_done: set[str] = set()
         self.resumed = False
+        self.failure: ErrorRecord | None = None
+        """The error that ended the run, typed (the receipt keeps it)."""
 
     # -- entry points -------------------------------------------------------------------------
 
@@ -168,6 +178,7 @@ class Run:
         """The receipt of an operation whose journal ended (its receipt was never written:
         the orchestrator died between the `end` record and the receipt)."""
         assert replay.end is not None
+        self.failure = replay.failed.failure if replay.failed is not None else None
         self._replay_records(replay)
         self._replay_compensations(replay)
         if replay.failed is not None and replay.failed.step:
@@ -232,6 +243,9 @@ class Run:
             self._replay_compensations(replay)
             failed = replay.failed.step if replay.failed else None
             error = replay.failed.error if replay.failed else "interrupted while compensating"
+            self.failure = replay.failed.failure if replay.failed else ErrorRecord.of(
+                Interrupted("the orchestrator stopped while compensating"), None
+            )
             if failed:
                 self.records.append(
                     StepRecord(
@@ -249,7 +263,10 @@ class Run:
             if step.on_interrupt == "retry":
                 return self._forward(machine, step)
             error = "interrupted: the orchestrator stopped during this step"
-            self.journal.append("step_fail", step=step.name, error=error, seconds=0.0)
+            self.failure = ErrorRecord.of(Interrupted(error), step.name)
+            self.journal.append(
+                "step_fail", step=step.name, error=error, failure=self.failure, seconds=0.0
+            )
             self.records.append(
                 StepRecord(name=step.name, status="failed", seconds=0.0, detail=error)
             )
@@ -275,7 +292,8 @@ class Run:
 
     def _cancelled(self, machine: SpecMachine) -> Receipt:
         error = "cancelled"
-        self.journal.append("step_fail", error=error)
+        self.failure = ErrorRecord.of(Cancelled("the operation was cancelled"), None)
+        self.journal.append("step_fail", error=error, failure=self.failure)
         if not self.completed and machine.state not in self.steps:
             # Nothing ran yet: there is nothing to undo, and `pending` has no fail transition.
             self.journal.append("end", outcome="rolled_back", error=error)
@@ -313,8 +331,11 @@ class Run:
             except UndeclaredFact as bad:
                 exc = bad
         if exc is not None:
-            error = f"{type(exc).__name__}: {exc}"
-            self.journal.append("step_fail", step=step.name, error=error, seconds=seconds)
+            self.failure = ErrorRecord.of(exc, step.name)
+            error = self.failure.line()
+            self.journal.append(
+                "step_fail", step=step.name, error=error, failure=self.failure, seconds=seconds
+            )
             self.records.append(
                 StepRecord(name=step.name, status="failed", seconds=seconds, detail=error)
             )
@@ -474,6 +495,7 @@ class Run:
             compensations=tuple(self.comp_records),
             facts=dict(self.facts),
             error=error,
+            failure=None if outcome == "done" else self.failure,
             seconds=sum(r.seconds for r in (*self.records, *self.comp_records)),
             resumed=self.resumed,
             workdir=str(self.workdir),

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from coldsnap._errors import RefusedError
+from coldsnap._errors import EnvironmentMissing, RefusedError
 
 PYTHONPATH_DIR = Path(__file__).resolve().parent / "pythonpath"
 # A directory holding another SGLang release (pip install --target), put after the stand-ins.
@@ -47,7 +47,7 @@ CPU_ARGS: tuple[str, ...] = (
 CPU_MEMORY_ARGS: tuple[str, ...] = ("--max-total-tokens", "2048", "--mem-fraction-static", "0.05")
 
 
-class GpuInstallError(RefusedError, RuntimeError):
+class GpuInstallError(RefusedError, EnvironmentMissing, RuntimeError):
     """The CPU stand-ins were asked for on an install that has a GPU torch or a real sgl_kernel."""
 
 
