@@ -20,6 +20,7 @@ from coldsnap._errors import ColdsnapError
 from coldsnap.artifacts import Store
 from coldsnap.backends.inet import PortInUse, check_port_free
 from coldsnap.machine import (
+    REGISTRY,
     CaptureRequest,
     Machine,
     ModelRef,
@@ -467,12 +468,14 @@ def _restore_request(
         if not any(f.startswith("model.") for f in exc.fields):
             raise
         not_cached = exc
+    fallback = request(None)
     try:
-        return request(None)
+        REGISTRY.check(fallback)  # names `model` where the provider needs the checkpoint
     except RequestError as exc:
         if "model" not in exc.fields:
             raise
         raise RequestError([*exc.problems, *not_cached.problems]) from None
+    return fallback
 
 
 __all__ = ["DEFAULT_STORE", "capture", "load", "print_event", "request_json", "restore"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal
 
 from attrs import frozen
@@ -45,6 +45,22 @@ class Entry:
     build: Callable[..., Any]
     doc: str = ""
     specs: tuple[Spec, ...] = ()
+    capabilities: frozenset[str] = frozenset()
+    """What the component declares it can do, at registration: the request rules read these
+    (REQUEST_RULES), never its name."""
+
+
+REQUEST_CAPABILITIES = {
+    "provider": {
+        "checkpoint": "brings the weights back from the pinned checkpoint: a restore names it "
+        "(`model`)",
+    },
+    "driver": {
+        "resumes_process": "a restore resumes the captured process with the environment it had "
+        "at capture: what that environment decides is set at capture",
+    },
+}
+"""The capabilities declared at registration that the registry's request check reads."""
 
 
 @frozen(kw_only=True)
@@ -86,6 +102,7 @@ class Registry:
         build: DriverFactory,
         stop: Spec | None = None,
         cls: type | None = None,
+        capabilities: Iterable[str] = (),
         doc: str = "",
     ) -> Entry:
         """A driver and the specs it owns (capture, restore and, once it has one, stop). With
@@ -93,10 +110,21 @@ class Registry:
         method must be declared on its protocol."""
         specs = {"capture": capture, "restore": restore, "stop": stop}
         _check_owned("driver", name, specs, cls)
-        return self._add(Entry("driver", name, build, doc, _present(specs)))
+        return self._add(
+            Entry("driver", name, build, doc, _present(specs), frozenset(capabilities))
+        )
 
-    def register_provider(self, name: str, *, build: ProviderFactory, doc: str = "") -> Entry:
-        return self._add(Entry("provider", name, build, doc))
+    def register_provider(
+        self,
+        name: str,
+        *,
+        build: ProviderFactory,
+        capabilities: Iterable[str] = (),
+        doc: str = "",
+    ) -> Entry:
+        """A weight provider; `capabilities` as its built components have them (`payload` or
+        `checkpoint`): the request check reads them (a checkpoint provider needs `model`)."""
+        return self._add(Entry("provider", name, build, doc, (), frozenset(capabilities)))
 
     def register_engine(
         self,
@@ -106,6 +134,7 @@ class Registry:
         sleep: Spec | None = None,
         wake: Spec | None = None,
         cls: type | None = None,
+        capabilities: Iterable[str] = (),
         doc: str = "",
     ) -> Entry:
         """An engine adapter and the specs it owns (sleep and wake: they act on a running
@@ -113,7 +142,9 @@ class Registry:
         specs name must exist on it; without, each must be declared on the engine protocol."""
         specs = {"sleep": sleep, "wake": wake}
         _check_owned("engine", name, specs, cls)
-        return self._add(Entry("engine", name, build, doc, _present(specs)))
+        return self._add(
+            Entry("engine", name, build, doc, _present(specs), frozenset(capabilities))
+        )
 
     def register_store(self, name: str, *, build: StoreFactory, doc: str = "") -> Entry:
         return self._add(Entry("store", name, build, doc))
@@ -175,9 +206,20 @@ class Registry:
                 return spec
         raise RegistryError(f"no registered driver or engine owns a spec named '{name}'")
 
+    def capabilities(self, kind: Kind, name: str) -> frozenset[str]:
+        """What the component registered as `name` declared it can do."""
+        return self.get(kind, name).capabilities
+
+    def restore_needs_model(self, request: Any) -> bool:
+        """Whether a restore with this request's provider must name the model's checkpoint
+        (`model`): its provider brings the weights back from it."""
+        return "checkpoint" in self.capabilities("provider", request.provider)
+
     def check(self, request: Any) -> None:
         """Refuses a request naming a driver, provider or engine not registered here, naming
-        each such field and what is registered (a RequestError, before any side effect)."""
+        each such field and what is registered, or one that the components it names cannot
+        serve (REQUEST_RULES, read from their declared capabilities): a RequestError naming
+        every such field, before any side effect."""
         problems = []
         for kind in ("driver", "provider", "engine"):
             value = getattr(request, kind)
@@ -185,6 +227,8 @@ class Registry:
             if value not in known:
                 registered = ", ".join(known) or "none"
                 problems.append((kind, f"unknown {kind} '{value}' (registered: {registered})"))
+        if not problems:
+            problems += [p for rule in REQUEST_RULES for p in rule(self, request)]
         if problems:
             raise RequestError(problems)
 
@@ -216,6 +260,32 @@ class Registry:
                         f"entry point '{ep.name}' ({ep.value}) of {ENTRY_POINT_GROUP} failed: "
                         f"{type(exc).__name__}: {exc}"
                     ) from exc
+
+
+def _model_for_checkpoint(registry: Registry, request: Any) -> list[tuple[str, str]]:
+    if request.operation != "restore" or request.model is not None:
+        return []
+    if not registry.restore_needs_model(request):
+        return []
+    return [("model", f"provider '{request.provider}' brings the weights back from the pinned "
+             "checkpoint: name it (its path)")]  # fmt: skip
+
+
+def _graphs_set_at_capture(registry: Registry, request: Any) -> list[tuple[str, str]]:
+    if request.operation != "restore" or not request.async_cuda_graphs:
+        return []
+    if "resumes_process" not in registry.capabilities("driver", request.driver):
+        return []
+    return [("async_cuda_graphs", f"driver '{request.driver}' resumes the captured process "
+             "with its environment: set it in the capture request")]  # fmt: skip
+
+
+REQUEST_RULES: tuple[Callable[[Registry, Any], list[tuple[str, str]]], ...] = (
+    _model_for_checkpoint,
+    _graphs_set_at_capture,
+)
+"""What a request must satisfy given the capabilities its components declared at
+registration (REQUEST_CAPABILITIES); each rule returns (field, problem) pairs."""
 
 
 def _present(specs: dict[str, Spec | None]) -> tuple[Spec, ...]:

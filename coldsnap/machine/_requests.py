@@ -118,9 +118,9 @@ class RestoreRequest:
     capture, 127.0.0.1)."""
     draft: ModelRef | None = field(default=None, converter=_from_hub_or_none)
     """The captured speculative draft model, where this host holds it: a recovery reloads the
-    draft from it, an engine started at restore (n580) is given it."""
+    draft from it, an engine a driver builds at restore is given it."""
     async_cuda_graphs: bool = False
-    """An engine started at restore (n580) serves eagerly first and captures its decode graphs
+    """An engine a driver builds at restore serves eagerly first and captures its decode graphs
     at the first scheduler-idle boundary after a completed request (CUDA)."""
     timeouts: dict[str, float] = field(factory=dict, converter=_as_timeouts)
     format: int = REQUEST_FORMAT
@@ -130,17 +130,12 @@ class RestoreRequest:
         problems = _common_problems(self)
         if not self.artifact or not (_TAG.match(self.artifact) or _is_digest(self.artifact)):
             problems.append(("artifact", "must be a capsule name or a sha256:<hex> digest"))
-        if self.model is not None:
+        if self.model is not None:  # whether the provider needs one: Registry.check
             problems += _model_problems("model", self.model)
-        elif self.provider == "recovery":
-            problems.append(("model", "the recovery provider needs the pinned checkpoint's path"))
         if self.tp is not None and self.tp < 1:
             problems.append(("tp", f"must be at least 1, got {self.tp}"))
         problems += _listen_problems("port", self.port, "host", self.host)
         problems += _draft_problems(self)
-        if self.async_cuda_graphs and self.driver == "n610":
-            problems.append(("async_cuda_graphs", "an n610 restore resumes the captured process "
-                             "with its environment: set it in the capture request"))  # fmt: skip
         if problems:
             raise RequestError(problems)
 

@@ -168,11 +168,13 @@ def register(registry: Registry) -> None:
     registry.register_provider(
         "native",
         build=build_native,
+        capabilities=NativeProvider.capabilities,
         doc="the engine's own final storages, exported at release and hydrated in place",
     )
     registry.register_provider(
         "recovery",
         build=build_recovery,
+        capabilities=RecoveryProvider.capabilities,
         doc="the pinned checkpoint, checked by digest and reloaded by the engine",
     )
 

@@ -696,6 +696,7 @@ def register_memory(registry: Registry, world: MemoryWorld, *, graphs: bool = Tr
         restore=n610.RESTORE,
         build=lambda request, engine: MemoryProcessDriver(world, engine.launcher),
         cls=MemoryProcessDriver,
+        capabilities={"resumes_process"},
         doc="in-memory double of n610",
     )
     registry.register_driver(
@@ -710,6 +711,7 @@ def register_memory(registry: Registry, world: MemoryWorld, *, graphs: bool = Tr
         registry.register_provider(
             name,
             build=lambda request, name=name: MemoryProvider(world, name),
+            capabilities=PROVIDER_CAPABILITIES[name],
             doc=f"in-memory double of {name}",
         )
     registry.register_engine(

@@ -110,6 +110,7 @@ def lifecycle_registry(world: MemoryWorld) -> Registry:
         stop=STOP_N610,
         build=lambda request, engine: MemoryProcessDriver(world, engine.launcher),
         cls=MemoryProcessDriver,
+        capabilities={"resumes_process"},
     )
     registry.register_driver(
         "n580",

@@ -81,11 +81,45 @@ def test_bad_requests_are_refused_before_any_side_effect(tmp_path, change, field
     assert not world.calls and not (tmp_path / "cap").exists()
 
 
-def test_restore_with_recovery_needs_the_checkpoint(tmp_path) -> None:
-    data = {"kind": "coldsnap.restore-request", "driver": "n610", "provider": "recovery",
-            "artifact": "tiny", "workdir": str(tmp_path / "r"), "store": str(tmp_path / "s")}
+def _restore_data(tmp_path, **fields) -> dict:
+    return {"kind": "coldsnap.restore-request", "driver": "n610", "provider": "recovery",
+            "artifact": "tiny", "workdir": str(tmp_path / "r"), "store": str(tmp_path / "s"),
+            **fields}  # fmt: skip
+
+
+def test_a_checkpoint_provider_needs_the_checkpoint_from_its_declared_capability(
+    tmp_path,
+) -> None:
+    """The request alone is well formed; the registry's check refuses it, from the capability
+    the provider declared at registration, before any side effect."""
+    request = parse_request(_restore_data(tmp_path))
+    world = MemoryWorld()
+    registry = memory_registry(world)
+    assert registry.restore_needs_model(request)
+    with pytest.raises(RequestError, match="request field 'model': provider 'recovery' brings"):
+        registry.check(request)
     with pytest.raises(RequestError, match="request field 'model'"):
-        parse_request(data)
+        memory_machine(world, request).restore(request)
+    assert not world.calls and not (tmp_path / "r").exists()
+    native = parse_request(_restore_data(tmp_path, provider="native"))
+    assert not registry.restore_needs_model(native)
+    registry.check(native)
+
+
+def test_async_graphs_at_restore_are_refused_for_a_driver_that_resumes_the_process(
+    tmp_path,
+) -> None:
+    (tmp_path / "model").mkdir()
+    model = {"id": "tiny", "revision": "r1", "path": str(tmp_path / "model")}
+    registry = memory_registry(MemoryWorld())
+    resumed = parse_request(_restore_data(tmp_path, async_cuda_graphs=True, model=model))
+    assert "resumes_process" in registry.capabilities("driver", "n610")
+    with pytest.raises(RequestError, match="request field 'async_cuda_graphs': driver 'n610'"):
+        registry.check(resumed)
+    built = parse_request(
+        _restore_data(tmp_path, async_cuda_graphs=True, model=model, driver="n580")
+    )
+    registry.check(built)
 
 
 def test_a_component_without_a_needed_method_fails_before_side_effects(tmp_path) -> None:

@@ -23,6 +23,7 @@ def register(registry: Registry) -> None:
         stop=STOP,
         build=build,
         cls=N610Driver,
+        capabilities={"resumes_process"},
         doc="the whole initialized process tree and its CUDA state (CRIU + CUDA checkpoint)",
     )
 
