@@ -13,12 +13,12 @@ registration refuses an action that is not declared here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ._context import Skipped, StepContext
 from ._errors import ComponentError
-from ._launch import Launcher
+from ._launch import InstalledBuild, Launcher, LaunchLine
 from ._spec import Spec
 
 if TYPE_CHECKING:
@@ -50,12 +50,25 @@ class Engine(Component, Protocol):
     """An engine adapter: the engine's endpoints as steps. Capabilities: `cuda_graphs`.
 
     `launcher` hands drivers the engine's command line; `build()` names the engine installed
-    here as (engine, version, contract digest), which the store binds into capsules."""
+    here (an InstalledBuild, by value), which the store binds into capsules. The engine owns
+    its launch-line policy: the command line reads a user's launch line through
+    `parse_command_line`, and the store compares engine arguments through
+    `engine_args_differences`."""
 
     launcher: Launcher
 
-    def build(self) -> tuple[str, str, str]:
-        """(engine name, version, digest of the runtime contract the adapter relies on)."""
+    def build(self) -> InstalledBuild:
+        """The engine installed here: name, version, contract and plugin digests, variants."""
+        ...
+
+    def parse_command_line(self, argv: Sequence[str]) -> LaunchLine:
+        """A user's launch command line as a capture request's fields (CommandLineError)."""
+        ...
+
+    def engine_args_differences(
+        self, captured: Sequence[str], requested: Sequence[str]
+    ) -> list[Any]:
+        """One store Difference per engine-changing argument a restore would change."""
         ...
 
     def wait_healthy(self, ctx: StepContext) -> StepResult:

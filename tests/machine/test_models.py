@@ -16,7 +16,8 @@ import pytest
 
 from coldsnap.artifacts import IncompatibleArtifact, Store
 from coldsnap.capsules import StoreArtifacts
-from coldsnap.machine import CaptureRequest, ModelRef, RequestError, RestoreRequest
+from coldsnap.engines.sglang import SGLangCommandLine
+from coldsnap.machine import CaptureRequest, InstalledBuild, ModelRef, RequestError, RestoreRequest
 from coldsnap.machine import steps as s
 from coldsnap.machine._convert import parse_request
 from coldsnap.machine._models import find_snapshot
@@ -85,12 +86,13 @@ class Ctx:
         return None
 
 
-class Engine:
+class Engine(SGLangCommandLine):
     name = "sglang"
     capabilities: frozenset[str] = frozenset()
 
-    def build(self) -> tuple[str, str, str]:
-        return "sglang", "1", "sha256:" + "c0" * 32
+    def build(self) -> InstalledBuild:
+        digest = "sha256:" + "c0" * 32
+        return InstalledBuild(engine="sglang", version="1", contract=digest, plugin_digest=digest)
 
 
 def _capture(tmp_path: Path, model: dict[str, Any]) -> Any:
