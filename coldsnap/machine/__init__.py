@@ -43,10 +43,14 @@ from ._launch import (
 )
 from ._machine import Machine, lifecycle_request, op_workdir
 from ._protocols import (
+    CAPABILITY_PROTOCOLS,
     ArtifactStore,
     Component,
     Driver,
     Engine,
+    GraphEngine,
+    PayloadProvider,
+    RankedEngine,
     StepResult,
     WeightProvider,
     check_components,
@@ -81,6 +85,7 @@ from ._spec import (
 
 __all__ = [
     "BRANCHES",
+    "CAPABILITY_PROTOCOLS",
     "CHECKPOINT",
     "COMPONENTS",
     "CUDA",
@@ -113,6 +118,7 @@ __all__ = [
     "ErrorRecord",
     "Fact",
     "Graph",
+    "GraphEngine",
     "Guard",
     "IllegalTransition",
     "InstalledBuild",
@@ -128,7 +134,9 @@ __all__ = [
     "MissingFact",
     "ModelRef",
     "OperationError",
+    "PayloadProvider",
     "PluginError",
+    "RankedEngine",
     "Receipt",
     "RefusedError",
     "Registry",

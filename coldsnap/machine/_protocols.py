@@ -9,6 +9,11 @@ Drivers own their specs, so the driver protocol holds only what the Machine itse
 registry checks a driver's class against the methods its specs name. The engine, provider and
 store protocols hold every method the shared steps (coldsnap.machine._steps) name; spec
 registration refuses an action that is not declared here.
+
+A role's protocol holds what every component of the role has; what only a capability brings
+is its own protocol (CAPABILITY_PROTOCOLS: a payload provider's export, an engine's CUDA graph
+and rank steps), so a component without the capability carries no method that only raises,
+and one that declares the capability must have its methods (check_components).
 """
 
 from __future__ import annotations
@@ -47,7 +52,8 @@ class Driver(Component, Protocol):
 
 @runtime_checkable
 class Engine(Component, Protocol):
-    """An engine adapter: the engine's endpoints as steps. Capabilities: `cuda_graphs`.
+    """An engine adapter: the engine's endpoints as steps. Capabilities: `cuda_graphs`
+    (GraphEngine), `rank_reports` (RankedEngine).
 
     `launcher` hands drivers the engine's command line; `build()` names the engine installed
     here (an InstalledBuild, by value), which the store binds into capsules. The engine owns
@@ -95,14 +101,6 @@ class Engine(Component, Protocol):
         """Undoes release at capture: the weights come back from the model's checkpoint."""
         ...
 
-    def destroy_graphs(self, ctx: StepContext) -> StepResult:
-        """Releases CUDA graphs that point into released memory (capability `cuda_graphs`)."""
-        ...
-
-    def recapture_graphs(self, ctx: StepContext) -> StepResult:
-        """Undoes destroy_graphs on a live engine."""
-        ...
-
     def resume_weights(self, ctx: StepContext) -> StepResult:
         """Hands the engine `weight_source` and resumes the weights; returns once refilled."""
         ...
@@ -111,8 +109,27 @@ class Engine(Component, Protocol):
         """Resumes everything else released at capture."""
         ...
 
+
+@runtime_checkable
+class GraphEngine(Engine, Protocol):
+    """An engine whose CUDA graphs point into the memory it releases (capability
+    `cuda_graphs`)."""
+
+    def destroy_graphs(self, ctx: StepContext) -> StepResult:
+        """Releases CUDA graphs that point into released memory."""
+        ...
+
+    def recapture_graphs(self, ctx: StepContext) -> StepResult:
+        """Undoes destroy_graphs on a live engine."""
+        ...
+
+
+@runtime_checkable
+class RankedEngine(Engine, Protocol):
+    """An engine whose tensor-parallel ranks report themselves (capability `rank_reports`)."""
+
     def check_ranks(self, ctx: StepContext) -> StepResult:
-        """Raises unless every rank of a restored engine is there (capability `rank_reports`)."""
+        """Raises unless every rank of a restored engine is there."""
         ...
 
     def tp_barrier(self, ctx: StepContext) -> StepResult:
@@ -122,22 +139,28 @@ class Engine(Component, Protocol):
 
 @runtime_checkable
 class WeightProvider(Component, Protocol):
-    """Where weights come from on restore. Capabilities: `payload` or `checkpoint`."""
+    """Where weights come from. Capabilities: `payload` (PayloadProvider) or `checkpoint` (the
+    pinned checkpoint, which `stage` verifies: nothing beyond this protocol)."""
 
     def launch_weights(self, ctx: StepContext) -> StepResult:
         """Makes `weight_source` at capture: what the engine starts with (a WeightSource)."""
         ...
 
+    def stage(self, ctx: StepContext) -> StepResult:
+        """Verifies the weights and makes `weight_source` for the engine."""
+        ...
+
+
+@runtime_checkable
+class PayloadProvider(WeightProvider, Protocol):
+    """A provider that keeps a payload the engine exports at capture (capability `payload`)."""
+
     def export(self, ctx: StepContext) -> StepResult:
-        """Finds the payload the engine exported at release (capability `payload`)."""
+        """Finds the payload the engine exported at release."""
         ...
 
     def discard_export(self, ctx: StepContext) -> StepResult:
         """Deletes what export found, unless the store adopted it."""
-        ...
-
-    def stage(self, ctx: StepContext) -> StepResult:
-        """Verifies the weights and makes `weight_source` for the engine."""
         ...
 
 
@@ -170,15 +193,37 @@ ROLES: dict[str, type[Component]] = {
 }
 
 
-def declared_methods(role: str) -> frozenset[str]:
-    """The step methods a role's protocol declares."""
+CAPABILITY_PROTOCOLS: dict[tuple[str, str], type[Component]] = {
+    ("engine", "cuda_graphs"): GraphEngine,
+    ("engine", "rank_reports"): RankedEngine,
+    ("provider", "payload"): PayloadProvider,
+}
+"""(role, capability) -> the protocol of the methods that capability brings."""
+
+
+def _methods(protocol: type) -> frozenset[str]:
     return frozenset(
         name
-        for klass in ROLES[role].__mro__
+        for klass in protocol.__mro__
         if klass is not Component and Component in klass.__mro__
         for name, value in vars(klass).items()
         if callable(value) and not name.startswith("_")
     )
+
+
+def declared_methods(role: str) -> frozenset[str]:
+    """The step methods a role's protocols declare: its own and its capabilities'."""
+    protocols = [ROLES[role], *(p for (r, _), p in CAPABILITY_PROTOCOLS.items() if r == role)]
+    return frozenset().union(*(_methods(p) for p in protocols))
+
+
+def capability_methods(role: str, capabilities: frozenset[str]) -> frozenset[str]:
+    """The methods the capabilities of a component of `role` bring, beyond its role's (which
+    the steps a request selects are checked for)."""
+    protocols = [
+        p for (r, cap), p in CAPABILITY_PROTOCOLS.items() if r == role and cap in capabilities
+    ]
+    return frozenset().union(*(_methods(p) - _methods(ROLES[role]) for p in protocols))
 
 
 def check_components(spec: Spec, request: Request, components: Mapping[str, object]) -> None:
@@ -192,8 +237,21 @@ def check_components(spec: Spec, request: Request, components: Mapping[str, obje
                 f"the request asks for {role} '{name}' but the machine has '{have}'"
             )
     for role, component in components.items():
-        if not isinstance(getattr(component, "capabilities", None), frozenset):
+        capabilities = getattr(component, "capabilities", None)
+        if not isinstance(capabilities, frozenset):
             raise ComponentError(f"{role} '{component}' has no frozenset `capabilities`")
+        if role == "driver":
+            continue  # a driver's methods are those its own specs name (checked below)
+        lacking = sorted(
+            m for m in capability_methods(role, capabilities)
+            if not callable(getattr(component, m, None))
+        )
+        if lacking:
+            raise ComponentError(
+                f"{role} '{getattr(component, 'name', '?')}' (capabilities: "
+                f"{', '.join(sorted(capabilities)) or 'none'}) lacks {', '.join(lacking)}, "
+                "which its capabilities' protocols declare"
+            )
     for step in spec.selected(request, components):
         for action in filter(None, (step.action, step.compensation)):
             role, method = action.split(".", 1)

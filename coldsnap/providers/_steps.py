@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from coldsnap.artifacts import checkpoint_digests
-from coldsnap.machine import ComponentError, Registry, StepContext, WeightSource
+from coldsnap.machine import Registry, StepContext, WeightSource
 from coldsnap.machine import steps as s
 
 from ._errors import CheckpointError, PackDamaged, ProviderError
@@ -92,20 +92,6 @@ class RecoveryProvider:
     def launch_weights(self, ctx: StepContext) -> dict[str, Any]:
         """At capture the engine loads the model's checkpoint (and its draft's) as usual."""
         return {s.WEIGHT_SOURCE.name: _checkpoint_source(ctx.request).to_fact()}
-
-    def export(self, ctx: StepContext) -> None:
-        """Never selected: the export step is guarded by capability `payload`."""
-        raise ComponentError(
-            f"provider '{self.name}' exports no payload (capabilities: checkpoint); the spec "
-            f"selected step '{ctx.step.name}' for it"
-        )
-
-    def discard_export(self, ctx: StepContext) -> None:
-        """Never selected, like `export`."""
-        raise ComponentError(
-            f"provider '{self.name}' exports no payload; nothing to discard in step "
-            f"'{ctx.step.name}'"
-        )
 
     def stage(self, ctx: StepContext) -> dict[str, Any]:
         """Checks every pinned file of the checkpoint by its sha256, and of the speculative

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from coldsnap.artifacts import checkpoint_digests
-from coldsnap.machine import ComponentError, Registry, WeightSource
+from coldsnap.machine import PayloadProvider, Registry, WeightSource
 from coldsnap.machine import steps as s
 from coldsnap.providers import CheckpointError, PackDamaged, ProviderError, export_pack
 from coldsnap.providers._steps import NativeProvider, RecoveryProvider, register
@@ -142,8 +142,10 @@ def test_recovery_stage_refuses_a_capsule_that_pins_nothing(checkpoint: Path) ->
 
 
 def test_recovery_exports_nothing() -> None:
-    with pytest.raises(ComponentError):
-        RecoveryProvider().export(Ctx({}, s.EXPORT))
+    # export is the payload capability's (PayloadProvider): a checkpoint provider has none
+    assert not hasattr(RecoveryProvider(), "export")
+    assert not isinstance(RecoveryProvider(), PayloadProvider)
+    assert isinstance(NativeProvider(), PayloadProvider)
 
 
 def test_capabilities_select_the_weight_steps() -> None:
