@@ -7,7 +7,8 @@ imports nothing heavy (attrs and coldsnap's leaves only).
 - the resume plan (`ResumePlan`, under the engine's runtime directory: the engine adapter
   writes it with `write_plan` before it asks SGLang to resume the weights, the plugin reads it
   with `read_plan`);
-- the status record the plugin keeps per process (`status_path`).
+- the status record the plugin keeps per process (`status_path`), read as one typed record
+  (`ProcessStatus`, `read_status`) with a scheduler's release report and its rank resume.
 
 Every record on disk carries `format` and `kind`; writes are atomic (temporary file, fsync,
 rename).
@@ -52,6 +53,16 @@ from ._plan import (
     status_path,
     write_plan,
 )
+from ._status import (
+    STATUS_FIELDS,
+    ProcessStatus,
+    RankResume,
+    ReleaseReport,
+    StatusError,
+    StatusEvent,
+    parse_status,
+    read_status,
+)
 
 __all__ = [
     "BOOL_VALUES",
@@ -73,6 +84,7 @@ __all__ = [
     "SHAPE_CALIBRATIONS",
     "SOURCES",
     "STARTUP_SOURCES",
+    "STATUS_FIELDS",
     "STATUS_FORMAT",
     "STATUS_KIND",
     "VARIABLES",
@@ -80,12 +92,19 @@ __all__ = [
     "EngineSettings",
     "FlagError",
     "PlanError",
+    "ProcessStatus",
+    "RankResume",
+    "ReleaseReport",
     "ResumePlan",
     "SettingsError",
+    "StatusError",
+    "StatusEvent",
     "load_settings",
     "parse_flag",
+    "parse_status",
     "plan_from",
     "read_plan",
+    "read_status",
     "status_path",
     "unknown_variables",
     "write_plan",

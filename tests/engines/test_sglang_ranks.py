@@ -59,6 +59,8 @@ def write_rank(runtime_dir: Path, rank: int, pid: int, **fields: Any) -> None:
         "kind": STATUS_KIND,
         "process": f"scheduler-tp{rank}",
         "pid": pid,
+        "role": "scheduler",
+        "mode": "off",
         "tp_rank": rank,
         "tp_size": 2,
         "registered": {"target": {}},

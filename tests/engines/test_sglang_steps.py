@@ -88,6 +88,8 @@ class MockSGLang:
                 "kind": STATUS_KIND,
                 "process": f"scheduler-tp{rank}",
                 "pid": os.getpid(),
+                "role": "scheduler",
+                "mode": "capture",
                 "registered": {"target": {}},
                 "events": [{"event": "released", "time": time.time()}],
                 "outcome": self.outcome,
@@ -219,7 +221,9 @@ def test_a_stale_measurement_is_not_taken_for_this_release(tmp_path: Path) -> No
     old = {**measured(), "at": time.time() - 60}
     path = status_path(tmp_path, "scheduler-tp0")
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"format": STATUS_FORMAT, "kind": STATUS_KIND, "cuda_release": old}))
+    record = {"format": STATUS_FORMAT, "kind": STATUS_KIND, "process": "scheduler-tp0", "pid": 1,
+              "role": "scheduler", "mode": "capture", "cuda_release": old}  # fmt: skip
+    path.write_text(json.dumps(record))
     with pytest.raises(EngineError, match="no measurement of this release"):
         adapter(MockSGLang(), cuda=True).release_memory(ctx(tmp_path))
 

@@ -60,6 +60,8 @@ class Engine:
             "kind": STATUS_KIND,
             "process": "scheduler-tp0",
             "pid": os.getpid(),
+            "role": "scheduler",
+            "mode": "capture",
             "registered": {"target": {}},
             "outcome": "ok",
             "error": None,
@@ -161,13 +163,19 @@ def test_a_calibrated_capture_binds_the_coverage_into_the_identity(tmp_path: Pat
 
 
 def test_a_restored_rank_whose_calibration_failed_is_not_ready() -> None:
+    from coldsnap._wire import parse_status
     from coldsnap.engines.sglang._ranks import RankReport
 
-    record = {"outcome": "ok", "registered": {"target": {}}, "events": []}
-    ok = RankReport("scheduler-tp0", 0, 1, True, {**record, "shape_calibration": {"outcome": "ok"}})
+    def rank(**fields: Any) -> RankReport:
+        record = {"format": STATUS_FORMAT, "kind": STATUS_KIND, "process": "scheduler-tp0",
+                  "pid": 1, "role": "scheduler", "mode": "restore", "outcome": "ok",
+                  "registered": {"target": {}}, "events": [], **fields}  # fmt: skip
+        return RankReport("scheduler-tp0", 0, 1, True, record, parse_status(record))
+
+    ok = rank(shape_calibration={"outcome": "ok"})
     assert engine_steps._rank_problem(ok, hydrated=False) is None
     failed = {"outcome": "failed", "error": "shape plan decode: captured [1], now [1, 2]"}
-    report = RankReport("scheduler-tp0", 0, 1, True, {**record, "shape_calibration": failed})
+    report = rank(shape_calibration=failed)
     assert engine_steps._rank_problem(report, hydrated=False) == (
         "its graph shapes are not the plan: shape plan decode: captured [1], now [1, 2]"
     )

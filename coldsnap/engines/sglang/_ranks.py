@@ -16,28 +16,29 @@ from typing import Any
 import psutil
 from attrs import frozen
 
-from coldsnap._wire import STATUS_KIND, status_path
+from coldsnap._wire import ProcessStatus, StatusError, parse_status, status_path
 from coldsnap.engines import EngineError
 
 
 @frozen
 class RankReport:
-    """One rank's status record as the machine reads it."""
+    """One rank's status record as the machine reads it: `status` typed and checked
+    (coldsnap._wire.ProcessStatus), `record` the same record as written."""
 
     name: str
     rank: int
     pid: int | None
     running: bool
     record: dict[str, Any]
+    status: ProcessStatus
 
     @property
     def outcome(self) -> str | None:
-        return self.record.get("outcome")
+        return self.status.outcome
 
     @property
     def last_event(self) -> str | None:
-        events = self.record.get("events") or []
-        return events[-1].get("event") if events else None
+        return self.status.last_event
 
     def describe(self) -> str:
         return f"rank {self.rank} ({self.name}, pid {self.pid})"
@@ -53,24 +54,45 @@ def read_ranks(
 ) -> tuple[list[RankReport], list[str]]:
     """(the reports found, one line per rank that has none) for ranks 0..tp-1; a rank runs when
     its pid is a live process of the engine's tree (`engine_pid` its root). EngineError (naming
-    the file) for a record that cannot be read."""
+    the file and the field) for a record that cannot be read or is not the plugin's."""
     found, missing = [], []
     for rank, name in enumerate(rank_names(tp)):
         path = status_path(runtime_dir, name)
         try:
-            record = json.loads(path.read_text())
+            record, status = read_record(path)
         except FileNotFoundError:
             missing.append(f"rank {rank} ({name}): no status record at {path}")
             continue
-        except (OSError, ValueError) as exc:
-            raise EngineError(step, f"status record {path} is unreadable: {exc}") from None
-        if not isinstance(record, dict) or record.get("kind") != STATUS_KIND:
-            raise EngineError(step, f"{path} is not a coldsnap status record")
-        pid = record.get("pid")
-        pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
-        running = pid is not None and _why_not_running(pid, engine_pid) is None
-        found.append(RankReport(name, rank, pid, running, record))
+        except StatusError as exc:
+            raise EngineError(step, str(exc)) from None
+        running = _why_not_running(status.pid, engine_pid) is None
+        found.append(RankReport(name, rank, status.pid, running, record, status))
     return found, missing
+
+
+def read_record(path: Path) -> tuple[dict[str, Any], ProcessStatus]:
+    """The status record at `path` as written and as checked; StatusError naming the record
+    and the field (FileNotFoundError passes through)."""
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise StatusError(f"status record {path} is unreadable: {exc}") from None
+    return record, parse_status(record, where=f"status record {path}")
+
+
+def scheduler_statuses(runtime_dir: Path, step: str) -> dict[str, ProcessStatus]:
+    """process name -> the typed status record of every scheduler (one per TP rank);
+    EngineError of `step` naming a record that cannot be read or is not the plugin's."""
+    folder = status_path(runtime_dir, "scheduler").parent
+    out: dict[str, ProcessStatus] = {}
+    for path in sorted(folder.glob("scheduler*.json")):
+        try:
+            out[path.stem] = read_record(path)[1]
+        except (FileNotFoundError, StatusError) as exc:
+            raise EngineError(step, str(exc)) from None
+    return out
 
 
 def extra_ranks(runtime_dir: Path, tp: int) -> list[str]:
