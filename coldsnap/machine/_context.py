@@ -135,7 +135,8 @@ class StepContext:
         `started`, a time.monotonic()) to the run's subscribers, at most every PROGRESS_EVERY_S
         seconds and at the end; never journaled: it is for the operator watching, not a resume."""
         now = time.monotonic()
-        if done < total and now - self._shown.get(what, 0.0) < PROGRESS_EVERY_S:
+        last = self._shown.get(what)  # the first report always shows
+        if done < total and last is not None and now - last < PROGRESS_EVERY_S:
             return
         self._shown[what] = now
         rate = done / (now - started) if now > started else 0.0

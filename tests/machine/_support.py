@@ -1,8 +1,17 @@
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Any
 
-from coldsnap.machine import CaptureRequest, Machine, ModelRef, Request, RestoreRequest
+from coldsnap.machine import (
+    CaptureRequest,
+    Machine,
+    ModelRef,
+    Request,
+    RestoreRequest,
+    StepContext,
+)
 from coldsnap.testing import FaultPlan, MemoryWorld, inject_faults
 
 from ._lifecycle import lifecycle_registry
@@ -37,3 +46,39 @@ def memory_machine(world: MemoryWorld, request: Request, plan: FaultPlan | None 
     if plan is not None:
         components = inject_faults(components, plan)
     return Machine(**components, registry=registry, **kw)
+
+
+class Gate:
+    """Holds a step in the middle of its work until the test opens it, without a clock: the
+    step says it `entered`, then waits (polling `ctx.check()`, so cancellation and the step's
+    own timeout still stop it) until `open()`. `hold(component, method)` wraps one method of a
+    component instance; `block(component, method)` makes it ignore everything until opened
+    (a step that does not poll, which the runner must abandon at its timeout)."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self._open = threading.Event()
+
+    def open(self) -> None:
+        self._open.set()
+
+    def hold(self, component: Any, method: str) -> None:
+        inner = getattr(component, method)
+
+        def held(ctx: StepContext) -> Any:
+            self.entered.set()
+            while not self._open.wait(0.01):
+                ctx.check()
+            return inner(ctx)
+
+        setattr(component, method, held)
+
+    def block(self, component: Any, method: str) -> None:
+        inner = getattr(component, method)
+
+        def blocked(ctx: StepContext) -> Any:
+            self.entered.set()
+            self._open.wait()
+            return inner(ctx)
+
+        setattr(component, method, blocked)

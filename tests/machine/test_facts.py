@@ -146,12 +146,17 @@ def test_the_doubles_implement_their_protocols() -> None:
     assert MemoryProvider(world, "recovery").capabilities == {"checkpoint"}
 
 
-def test_advance_shows_bytes_and_rate_to_subscribers_throttled_and_unjournaled(tmp_path) -> None:
+def test_advance_shows_bytes_and_rate_to_subscribers_throttled_and_unjournaled(
+    tmp_path, monkeypatch
+) -> None:
     """A long step's bytes reach the subscribers as `progress` events (the first, then at most
-    one per PROGRESS_EVERY_S, and the last), and none of them is journaled."""
+    one per PROGRESS_EVERY_S, and the last), and none of them is journaled. The throttle is set
+    beyond any run's length, so what shows does not depend on how fast the loop runs."""
     import time
 
-    from coldsnap.machine import StepEvent
+    from coldsnap.machine import StepEvent, _context
+
+    monkeypatch.setattr(_context, "PROGRESS_EVERY_S", float("inf"))
 
     class Counting(MemoryProcessDriver):
         def launch_engine(self, ctx: StepContext) -> dict[str, Any]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ import pytest
 from coldsnap.machine import JOURNAL_NAME, JournalError, Machine, _journal, read_journal
 from coldsnap.testing import Abandoned, FaultPlan, MemoryWorld
 
-from ._support import capture_request, memory_machine
+from ._support import Gate, capture_request, memory_machine
 
 
 def _machine(world: MemoryWorld, tmp: Path, plan: FaultPlan | None = None, **kw) -> Machine:
@@ -126,16 +125,18 @@ def test_a_record_with_a_coerced_type_is_a_journal_error(tmp_path) -> None:
 
 def test_resume_beside_a_running_operation_is_refused(tmp_path) -> None:
     world = MemoryWorld()
-    plan = FaultPlan(delay={"driver.launch_engine": 0.6})
-    first = _machine(world, tmp_path, plan)
+    first = _machine(world, tmp_path)
+    gate = Gate()
+    gate.hold(first.components["driver"], "launch_engine")
     result = {}
     thread = threading.Thread(
         target=lambda: result.update(receipt=first.capture(capture_request(tmp_path)))
     )
     thread.start()
-    time.sleep(0.2)
+    assert gate.entered.wait(60), "the capture never started"
     with pytest.raises(_journal.WorkdirBusy, match="another coldsnap operation"):
         _machine(world, tmp_path).resume(tmp_path / "cap")
+    gate.open()
     thread.join()
     assert result["receipt"].ok
 

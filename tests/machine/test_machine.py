@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,7 @@ from coldsnap.testing import (
     memory_registry,
 )
 
-from ._support import capture_request, memory_machine, restore_request
+from ._support import Gate, capture_request, memory_machine, restore_request
 
 
 def _machine(world: MemoryWorld, tmp: Path, plan: FaultPlan | None = None, **kw) -> Machine:
@@ -153,17 +152,23 @@ def test_a_component_for_another_driver_is_refused(tmp_path) -> None:
         _machine(world, tmp_path).capture(capture_request(tmp_path, "n580"))
 
 
-def test_a_slow_step_times_out_and_compensates(tmp_path) -> None:
+@pytest.mark.parametrize("polls", [True, False], ids=["polls", "blocks"])
+def test_a_slow_step_times_out_and_compensates(tmp_path, polls) -> None:
+    """A step that polls `ctx.check()` stops at its timeout; one that blocks is abandoned at its
+    timeout plus the grace. Either way the run compensates."""
     world = MemoryWorld()
-    plan = FaultPlan(delay={"driver.dump": 5.0})
     request = parse_request({**_as_data(capture_request(tmp_path)),
-                             "timeouts": {"process_dump": 0.2}})
-    started = time.monotonic()
-    receipt = _machine(world, tmp_path, plan, grace_s=1.0).capture(request)
-    assert time.monotonic() - started < 4.0
+                             "timeouts": {"process_dump": 0.2}})  # fmt: skip
+    machine = _machine(world, tmp_path, grace_s=0.1)
+    gate = Gate()
+    (gate.hold if polls else gate.block)(machine.components["driver"], "dump")
+    receipt = machine.capture(request)
     assert receipt.outcome == "rolled_back"
-    assert "StepTimeout" in receipt.error
+    assert receipt.failure is not None
+    assert (receipt.failure.type, receipt.failure.step) == ("StepTimeout", "process_dump")
+    assert ("did not return within" in receipt.error) is not polls
     assert not world.transient()
+    gate.open()  # an abandoned step's thread ends
 
 
 def _as_data(request) -> dict:
@@ -173,14 +178,23 @@ def _as_data(request) -> dict:
 
 def test_cancel_during_a_step_compensates(tmp_path) -> None:
     world = MemoryWorld()
-    plan = FaultPlan(delay={"engine.release_memory": 10.0})
-    machine = _machine(world, tmp_path, plan)
+    machine = _machine(world, tmp_path)
+    gate = Gate()
+    gate.hold(machine.components["engine"], "release_memory")
     events = []
     machine.subscribe(events.append)
     cancel = threading.Event()
-    timer = threading.Timer(0.3, cancel.set)
-    timer.start()
-    receipt = machine.capture(capture_request(tmp_path), cancel=cancel)
+    result = {}
+    run = threading.Thread(
+        target=lambda: result.update(
+            receipt=machine.capture(capture_request(tmp_path), cancel=cancel)
+        )
+    )
+    run.start()
+    assert gate.entered.wait(60), "the step never started"
+    cancel.set()  # while release_memory runs
+    run.join()
+    receipt = result["receipt"]
     assert receipt.outcome == "rolled_back"
     assert "Cancelled" in receipt.error
     # release_memory's own compensation first (it may have half happened), then back from the
@@ -197,10 +211,12 @@ def test_async_capture_and_cancellation(tmp_path) -> None:
         machine = _machine(world, tmp_path)
         receipt = await machine.capture_async(capture_request(tmp_path))
         assert receipt.ok
-        slow = _machine(world, tmp_path, FaultPlan(delay={"driver.restore": 10.0}))
+        slow = _machine(world, tmp_path)
+        gate = Gate()
+        gate.hold(slow.components["driver"], "restore")
         task = asyncio.ensure_future(slow.restore_async(restore_request(tmp_path)))
-        await asyncio.sleep(0.3)
-        task.cancel()
+        assert await asyncio.to_thread(gate.entered.wait, 60), "the restore never started"
+        task.cancel()  # while the driver restores
         with pytest.raises(asyncio.CancelledError):
             await task
         assert not world.transient(), "cancellation left something running"
@@ -259,18 +275,17 @@ def test_a_torn_last_journal_line_is_ignored_but_a_torn_middle_is_not(tmp_path) 
 
 def test_one_operation_at_a_time(tmp_path) -> None:
     world = MemoryWorld()
-    machine = _machine(world, tmp_path, FaultPlan(delay={"driver.launch_engine": 0.5}))
-    errors = []
-
-    def second() -> None:
-        time.sleep(0.1)
-        try:
-            machine.capture(capture_request(tmp_path, workdir="other"))
-        except RuntimeError as exc:
-            errors.append(str(exc))
-
-    thread = threading.Thread(target=second)
-    thread.start()
-    assert machine.capture(capture_request(tmp_path)).ok
-    thread.join()
-    assert errors == ["this Machine is already running an operation"]
+    machine = _machine(world, tmp_path)
+    gate = Gate()
+    gate.hold(machine.components["driver"], "launch_engine")
+    result = {}
+    first = threading.Thread(
+        target=lambda: result.update(receipt=machine.capture(capture_request(tmp_path)))
+    )
+    first.start()
+    assert gate.entered.wait(60), "the first capture never started"
+    with pytest.raises(RuntimeError, match="this Machine is already running an operation"):
+        machine.capture(capture_request(tmp_path, workdir="other"))
+    gate.open()
+    first.join()
+    assert result["receipt"].ok
