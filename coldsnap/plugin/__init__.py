@@ -7,6 +7,9 @@ records it writes, the resume plan it reads: coldsnap._wire); it never imports
 coldsnap.machine.
 """
 
+from coldsnap._wire import VARIABLES, SettingsError, load_settings, unknown_variables
+from coldsnap._wire import EngineSettings as Settings
+
 from ._contracts import (
     CONTRACTS,
     GROUPS,
@@ -30,7 +33,6 @@ from ._memory import (
     discard_pages,
 )
 from ._records import StatusFile
-from ._settings import VARIABLES, Settings, SettingsError, load_settings, unknown_variables
 from ._storages import REGISTRY, RegistryError, StorageRegistry, TensorRecord
 
 __all__ = [

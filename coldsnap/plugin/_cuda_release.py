@@ -46,9 +46,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from coldsnap._wire import KV_CACHE, MEMORY_TAGS, WEIGHTS
+from coldsnap._wire import EngineSettings as Settings
 
 from ._records import StatusFile
-from ._settings import Settings
 from ._storages import REGISTRY, StorageRegistry
 
 logger = logging.getLogger("coldsnap.plugin")

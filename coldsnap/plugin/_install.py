@@ -16,12 +16,13 @@ import sys
 from typing import Any
 
 from coldsnap._errors import PluginError
+from coldsnap._wire import EngineSettings as Settings
+from coldsnap._wire import SettingsError, load_settings, unknown_variables
 
 from . import _contracts, _cuda_release
 from ._gate import HealthGate
 from ._records import StatusFile
 from ._scheduler import SchedulerHooks
-from ._settings import Settings, SettingsError, load_settings, unknown_variables
 
 logger = logging.getLogger("coldsnap.plugin")
 

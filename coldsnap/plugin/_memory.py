@@ -26,9 +26,8 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from coldsnap._errors import PluginError
-from coldsnap._wire import KV_CACHE, WEIGHTS
+from coldsnap._wire import KV_CACHE, LIVE_BACKINGS, WEIGHTS
 
-from ._settings import LIVE_BACKINGS
 from ._storages import REGISTRY, StorageRegistry
 
 logger = logging.getLogger("coldsnap.plugin")

@@ -34,6 +34,7 @@ from typing import Any
 from coldsnap._atomic import write_json_atomic
 from coldsnap._errors import PluginError
 from coldsnap._wire import MEMORY_TAGS, PAYLOAD_SOURCE, PLAN_FILE, WEIGHTS, read_plan
+from coldsnap._wire import EngineSettings as Settings
 from coldsnap.distributed import BarrierError
 
 from . import _nccl, _payload, _shapes
@@ -41,7 +42,6 @@ from ._contracts import variant_in_use
 from ._memory import HOST_BACKEND, ColdsnapMemorySaverAdapter
 from ._ranks import RankSync, StoreUnavailable
 from ._records import SHAPE_PLAN_FILE, SHAPE_PLAN_FORMAT, SHAPE_PLAN_KIND, StatusFile
-from ._settings import Settings
 from ._storages import REGISTRY, RegistryError, StorageRegistry
 
 logger = logging.getLogger("coldsnap.plugin")

@@ -13,10 +13,15 @@ from typing import Any
 import pytest
 
 from coldsnap._wire import status_path
-from coldsnap.plugin import ColdsnapMemorySaverAdapter, MemoryBackendError, StorageRegistry, _memory
+from coldsnap.plugin import (
+    ColdsnapMemorySaverAdapter,
+    MemoryBackendError,
+    Settings,
+    StorageRegistry,
+    _memory,
+)
 from coldsnap.plugin._cuda_release import REPORT_FIELD, CudaRelease, targets
 from coldsnap.plugin._records import StatusFile
-from coldsnap.plugin._settings import Settings
 
 GIB = 2**30
 

@@ -23,6 +23,7 @@ from coldsnap.capsules._steps import _draft_differences
 from coldsnap.engines.sglang import SGLangEngine, SGLangLauncher
 from coldsnap.engines.sglang import _steps as engine_steps
 from coldsnap.machine import (
+    REGISTRY,
     CaptureRequest,
     InstalledBuild,
     ModelRef,
@@ -92,8 +93,9 @@ def test_a_request_names_its_draft_strictly(models: SimpleNamespace) -> None:
         async_cuda_graphs=True,
     )
     assert restore.draft == models.draft and restore.async_cuda_graphs
-    with pytest.raises(RequestError, match="'async_cuda_graphs': an n610 restore"):
-        attrs.evolve(restore, driver="n610")
+    # a driver that resumes the captured process keeps the capture's setting: the registry refuses
+    with pytest.raises(RequestError, match="'async_cuda_graphs': driver 'n610' resumes"):
+        REGISTRY.check(attrs.evolve(restore, driver="n610"))
 
 
 def test_the_launcher_hands_the_engine_its_draft_and_the_requests_graph_settings(
