@@ -10,9 +10,11 @@ from typing import Any
 
 from attrs import define, field, frozen
 
-from ._errors import Cancelled, StepTimeout, UndeclaredRead
+from ._errors import Cancelled, SpecError, StepTimeout, UndeclaredRead
+from ._facts import Fact
 from ._requests import Request
 from ._spec import Spec, Step
+from ._steps import CAPSULE
 
 
 @frozen
@@ -103,6 +105,19 @@ class StepContext:
         """The facts this step declares (needs, uses, makes) as recorded so far; reading any
         other raises UndeclaredRead."""
         return DeclaredFacts(self._facts, self.step, self.undeclared_reads)
+
+    def captured(self, fact: Fact, default: Any = None) -> Any:
+        """What the capture recorded for `fact`, a fact declared `carried`, as the capsule
+        brought it back (the `capsule` fact admit makes): a restore step reads the capture's
+        facts by their declared Fact, not by string keys into a dict. The step must declare
+        `capsule` (needs or uses); `default` where the capsule does not hold the fact."""
+        if not fact.carried:
+            raise SpecError(
+                f"step '{self.step.name}' reads '{fact.name}' from the capsule, but that fact is "
+                "not declared carried: a capture does not keep it"
+            )
+        capsule = self.facts.get(CAPSULE.name)
+        return default if capsule is None else capsule.get(fact.name, default)
 
     def carried(self) -> dict[str, Any]:
         """The facts this spec declares `carried` (coldsnap.machine.fact) that its steps made so

@@ -70,6 +70,14 @@ class JournalError(OperationError):
     """A journal cannot be read or does not belong to this machine."""
 
 
+class MachineBusy(OperationError, RuntimeError):
+    """This Machine is already running an operation (one at a time per Machine)."""
+
+
+class InvalidFacts(DefinitionError, TypeError):
+    """A step returned facts that are not a JSON-able mapping."""
+
+
 class Interrupted(OperationError):
     """The orchestrator stopped during a step that cannot be retried: the resume compensates."""
 
@@ -106,7 +114,9 @@ __all__ = [
     "EnvironmentMissing",
     "IllegalTransition",
     "Interrupted",
+    "InvalidFacts",
     "JournalError",
+    "MachineBusy",
     "MissingFact",
     "OperationError",
     "PluginError",

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import Any, TypeVar
 
 from ._convert import parse_request, structure_record, unstructure
-from ._errors import JournalError, RequestError
+from ._errors import JournalError, MachineBusy, RequestError
 from ._journal import JOURNAL_NAME, Journal, Replay, workdir_lock
 from ._protocols import ArtifactStore, Driver, Engine, WeightProvider, check_components
 from ._receipt import RECEIPT_NAME, Receipt
@@ -264,7 +264,7 @@ class _Running:
 
     def __enter__(self) -> threading.Event:
         if not self.machine._lock.acquire(blocking=False):
-            raise RuntimeError("this Machine is already running an operation")
+            raise MachineBusy("this Machine is already running an operation")
         self.machine._cancel = self.event
         return self.event
 

@@ -26,6 +26,7 @@ from ._errors import (
     Cancelled,
     IllegalTransition,
     Interrupted,
+    InvalidFacts,
     JournalError,
     MissingFact,
     StepTimeout,
@@ -327,7 +328,7 @@ class Run:
                 json.dumps(facts)
                 _check_declared(step, facts)
             except (TypeError, ValueError) as bad:
-                exc = TypeError(f"step '{step.name}' returned facts that are not JSON: {bad}")
+                exc = InvalidFacts(f"step '{step.name}' returned facts that are not JSON: {bad}")
             except UndeclaredFact as bad:
                 exc = bad
         if exc is not None:

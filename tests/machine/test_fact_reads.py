@@ -351,3 +351,29 @@ def test_the_scan_leaves_out_branches_of_other_operations() -> None:
     assert names("restore") == {"capsule"}
     assert names("capture") == {"capture_or_stop"}
     assert names("stop") == {"stop_only", "capture_or_stop"}
+
+
+def _ctx(step: Step, facts: dict[str, Any]) -> StepContext:
+    import threading
+
+    spec = Spec("restore-x", "restore", "x", [step]) if not step.needs else Spec(
+        "stop-x", "stop", "x", [step], seeds=step.needs
+    )
+    return StepContext(
+        request=None, spec=spec, step=step, workdir=None, deadline=0.0,  # type: ignore[arg-type]
+        facts=facts, cancel=threading.Event(), record=lambda facts: None,
+    )  # fmt: skip
+
+
+def test_captured_reads_a_carried_fact_by_its_declaration() -> None:
+    from coldsnap.machine import SpecError
+
+    step = Step("read", "driver.stop_engine", "doc", side_effect=False, needs=(s.CAPSULE,))
+    ctx = _ctx(step, {"capsule": {"tp_size": 2}})
+    assert ctx.captured(s.TP_SIZE) == 2
+    assert ctx.captured(s.RANK_PIDS) is None and ctx.captured(s.RANK_PIDS, {}) == {}
+    with pytest.raises(SpecError, match="'engine_pid' from the capsule, but that fact is not"):
+        ctx.captured(s.ENGINE_PID)
+    bare = Step("read", "driver.stop_engine", "doc", side_effect=False)
+    with pytest.raises(UndeclaredRead, match="read fact 'capsule'"):
+        _ctx(bare, {"capsule": {"tp_size": 2}}).captured(s.TP_SIZE)

@@ -15,6 +15,7 @@ from coldsnap.machine import (
     ComponentError,
     JournalError,
     Machine,
+    MachineBusy,
     RequestError,
     parse_request,
     read_journal,
@@ -284,7 +285,7 @@ def test_one_operation_at_a_time(tmp_path) -> None:
     )
     first.start()
     assert gate.entered.wait(60), "the first capture never started"
-    with pytest.raises(RuntimeError, match="this Machine is already running an operation"):
+    with pytest.raises(MachineBusy, match="this Machine is already running an operation"):
         machine.capture(capture_request(tmp_path, workdir="other"))
     gate.open()
     first.join()
