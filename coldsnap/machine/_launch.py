@@ -13,6 +13,7 @@ from attrs import asdict, field, frozen
 from attrs.validators import in_, instance_of, optional
 
 from ._errors import DefinitionError, RequestError
+from ._steps import WEIGHT_SOURCE
 
 
 def _as_tuple(value: Any) -> tuple[str, ...]:
@@ -157,6 +158,4 @@ class Launcher(Protocol):
 def launch_weights(ctx: Any) -> WeightSource:
     """The weight source a driver's launch step hands the launcher: the step's `weight_source`
     fact (made by the provider's `launch_weights` at capture, by its `stage` at restore)."""
-    from ._steps import WEIGHT_SOURCE  # the shared vocabulary imports this module's neighbours
-
     return WeightSource.from_fact(ctx.facts[WEIGHT_SOURCE.name])

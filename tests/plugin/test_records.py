@@ -83,3 +83,12 @@ def test_write_plan_refuses_a_bad_plan_before_writing(tmp_path: Path) -> None:
     with pytest.raises(PlanError):
         write_plan(tmp_path, ResumePlan(source="payload"))
     assert not (tmp_path / PLAN_FILE).exists()
+
+
+def test_the_plan_carries_the_kinds_of_weight_source_the_machine_knows() -> None:
+    """The two sides never import each other: the resume plan's `source` values and the
+    machine's WeightSource kinds are spelled twice, and must stay the same."""
+    from coldsnap import _wire
+    from coldsnap.machine import _launch
+
+    assert set(_wire.SOURCES) == set(_launch.SOURCES)
