@@ -93,7 +93,9 @@ def gate_record(runtime_dir: Path, *, gate: str, released: list[str], pid: int) 
         "kind": STATUS_KIND,
         "process": "main",
         "pid": pid,
-        "events": [{"event": "gate_opened" if gate == "open" else "gate_closed"}],
+        "role": "main",
+        "mode": "off",
+        "events": [{"event": "gate_opened" if gate == "open" else "gate_closed", "time": 1.0}],
         "gate": gate,
         "released_tags": released,
     }

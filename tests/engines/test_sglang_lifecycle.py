@@ -41,6 +41,8 @@ def _gate(runtime_dir: Path, released: list[str], *, last: str = "released", pid
         "kind": STATUS_KIND,
         "process": "main",
         "pid": pid or os.getpid(),
+        "role": "main",
+        "mode": "off",
         "released_tags": released,
         "events": [{"event": last, "time": time.time()}],
     }
