@@ -43,7 +43,7 @@ from ._launch import (
     WeightSourceError,
     launch_weights,
 )
-from ._machine import Machine, lifecycle_request, op_workdir
+from ._machine import Machine
 from ._protocols import (
     CAPABILITY_PROTOCOLS,
     ArtifactStore,
@@ -84,6 +84,7 @@ from ._spec import (
     Transition,
     validate_graph,
 )
+from ._targets import lifecycle_request, op_workdir
 
 __all__ = [
     "BRANCHES",

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TypeVar
 
-from ._convert import parse_request, structure_record, unstructure
+from ._convert import parse_request, unstructure
 from ._errors import JournalError, MachineBusy, RequestError
 from ._journal import JOURNAL_NAME, Journal, Replay, workdir_lock
 from ._protocols import ArtifactStore, Driver, Engine, WeightProvider, check_components
@@ -28,6 +26,7 @@ from ._requests import (
 )
 from ._runner import Run, Subscriber
 from ._spec import Spec
+from ._targets import lifecycle_request, read_receipt, seeds_of, target_lock
 
 R = TypeVar("R", CaptureRequest, RestoreRequest, StopRequest, SleepRequest, WakeRequest)
 
@@ -155,9 +154,9 @@ class Machine:
             replay = Replay.of(records)
             receipt_path = workdir / RECEIPT_NAME
             if replay.end is not None and receipt_path.exists():
-                return _read_receipt(workdir)
+                return read_receipt(workdir)
             request = parse_request(replay.request)
-            with _target_lock(request):
+            with target_lock(request):
                 return self._resume(request, journal, replay, cancel)
 
     def _resume(
@@ -217,9 +216,9 @@ class Machine:
         spec = self.registry.spec(request.operation, request)
         check_components(spec, request, self.components)
         workdir = Path(request.workdir)
-        with _target_lock(request):
+        with target_lock(request):
             # The target is checked before the op's workdir exists: a refused op leaves nothing.
-            seeds = _seeds(spec, request) if isinstance(request, LifecycleRequest) else None
+            seeds = seeds_of(spec, request) if isinstance(request, LifecycleRequest) else None
             with workdir_lock(workdir):
                 journal = Journal.create(workdir)
                 with self._running(cancel) as event:
@@ -310,118 +309,4 @@ def _check_selection(
         f"then: {', '.join(new) or 'none'}); capabilities "
         "journaled -> now: "
         + "; ".join(f"{role} {was_} -> {now_}" for role, (was_, now_) in changed.items())
-    )
-
-
-def _read_receipt(workdir: Path) -> Receipt:
-    path = workdir / RECEIPT_NAME
-    try:
-        return structure_record(json.loads(path.read_bytes()), Receipt, str(path))
-    except ValueError as exc:  # not UTF-8 or not JSON
-        raise JournalError(f"{path}: not a receipt ({exc})") from None
-
-
-def _read_request(workdir: Path) -> dict[str, Any]:
-    from ._journal import read_journal
-
-    return read_journal(workdir / JOURNAL_NAME)[0].request or {}
-
-
-@contextlib.contextmanager
-def _target_lock(request: Request) -> Iterator[None]:
-    """A lifecycle operation holds its target's workdir lock for its whole run (beside its own):
-    nothing else (a resume of the target, another stop, sleep or wake) acts on that engine
-    meanwhile."""
-    if not isinstance(request, LifecycleRequest):
-        yield
-        return
-    target = Path(request.target)
-    if not (target / JOURNAL_NAME).exists():
-        raise RequestError([("target", f"{target}: no capture or restore journaled there")])
-    with workdir_lock(target):
-        yield
-
-
-def _target(request: LifecycleRequest) -> tuple[Receipt, Request]:
-    """The target's receipt and request, as on disk now; a RequestError naming `target` when
-    there is no finished operation whose engine still runs."""
-    target = Path(request.target)
-    try:
-        receipt = _read_receipt(target)
-        journaled = parse_request(_read_request(target))
-    except FileNotFoundError:
-        raise RequestError(
-            [("target", f"{target}: its operation has no receipt (still running, or it died: "
-              "resume it first)")]
-        ) from None
-    except (JournalError, RequestError) as exc:
-        raise RequestError([("target", f"{target}: unreadable ({exc})")]) from None
-    kept = isinstance(journaled, CaptureRequest) and journaled.keep_source
-    if receipt.outcome != "done" and not kept:
-        raise RequestError(
-            [("target", f"{target}: its {receipt.operation} ended {receipt.outcome}, so no "
-              "engine of it runs")]
-        )
-    if isinstance(journaled, LifecycleRequest):
-        raise RequestError(
-            [("target", f"{target}: a {journaled.operation}, not a capture or restore")]
-        )
-    problems = [
-        (role, f"'{getattr(request, role)}', but the target ran with "
-               f"'{getattr(journaled, role)}'")
-        for role in ("driver", "provider", "engine")
-        if getattr(request, role) != getattr(journaled, role)
-    ]
-    if problems:
-        raise RequestError(problems)
-    return receipt, journaled
-
-
-def _seeds(spec: Spec, request: LifecycleRequest) -> dict[str, Any]:
-    """The facts the spec's steps take from the target: its `seeds`, where the target's
-    receipt holds them."""
-    receipt, _ = _target(request)
-    return {f.name: receipt.facts[f.name] for f in spec.seeds if f.name in receipt.facts}
-
-
-OPS_DIR = "ops"
-
-
-def op_workdir(target: str | Path, operation: str) -> Path:
-    """The next free workdir of a lifecycle operation on `target`:
-    `<target>/ops/<operation>-<n>`, n counting from 1."""
-    ops = Path(target) / OPS_DIR
-    taken = {p.name for p in ops.glob(f"{operation}-*")} if ops.is_dir() else set()
-    n = 1
-    while f"{operation}-{n}" in taken:
-        n += 1
-    return ops / f"{operation}-{n}"
-
-
-def lifecycle_request(
-    operation: str,
-    target: str | Path,
-    *,
-    workdir: str | Path | None = None,
-    timeouts: Mapping[str, float] | None = None,
-) -> LifecycleRequest:
-    """A stop, sleep or wake request on `target` (a capture's or restore's workdir), naming the
-    driver, provider and engine its request named (the registry then builds the same
-    components), journaled in `workdir` (default: `op_workdir(target, operation)`)."""
-    classes: dict[str, type[LifecycleRequest]] = {
-        "stop": StopRequest, "sleep": SleepRequest, "wake": WakeRequest,
-    }  # fmt: skip
-    if operation not in classes:
-        raise RequestError([("operation", f"'{operation}' is not one of {', '.join(classes)}")])
-    target = Path(target)
-    if not (target / JOURNAL_NAME).exists():
-        raise RequestError([("target", f"{target}: no capture or restore journaled there")])
-    journaled = parse_request(_read_request(target))
-    return classes[operation](
-        target=str(target),
-        workdir=str(workdir or op_workdir(target, operation)),
-        driver=journaled.driver,
-        provider=journaled.provider,
-        engine=journaled.engine,
-        timeouts=dict(timeouts or {}),
     )

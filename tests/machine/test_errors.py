@@ -24,7 +24,7 @@ from coldsnap.machine import (
     branch_of,
     read_journal,
 )
-from coldsnap.machine._machine import _read_receipt
+from coldsnap.machine._targets import read_receipt as _read_receipt
 from coldsnap.testing import Abandoned, FaultPlan, MemoryProcessDriver, MemoryWorld
 
 from ._support import capture_request, memory_machine

@@ -75,7 +75,7 @@ def test_stop_receipt_is_the_embedders_convenience(tmp_path) -> None:
     target = _restored(tmp_path, world)
     restored = json.loads((target / "receipt.json").read_text())
     machine = _machine(world, restore_request(tmp_path))
-    from coldsnap.machine._machine import _read_receipt
+    from coldsnap.machine._targets import read_receipt as _read_receipt
 
     receipt = machine.stop(_read_receipt(target))
     assert receipt.ok and receipt.workdir == str(target / "ops" / "stop-1")
