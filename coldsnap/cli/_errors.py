@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
+import attrs
 import click
 
 from coldsnap._errors import ColdsnapError
@@ -69,9 +70,11 @@ def finish(
     code."""
     from ._events import dumps, finished
 
+    failure = receipt.failure
     result = {
         "outcome": receipt.outcome,
         "error": receipt.error,
+        "failure": None if failure is None else attrs.asdict(failure),  # typed, for scripts
         "seconds": round(receipt.seconds, 3),
         "workdir": receipt.workdir,
         **(extra or {}),

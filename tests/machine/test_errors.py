@@ -148,3 +148,17 @@ def test_the_branches_are_public() -> None:
         assert branch.__name__ in coldsnap.__all__
     assert coldsnap.branch_of(KeyError("x")) == "unexpected"
     assert branch_of(CriuUnavailable("version", "x")) == "OperationError"
+
+
+def test_the_command_lines_summary_carries_the_typed_failure(tmp_path, capsys) -> None:
+    from coldsnap.cli._errors import finish
+
+    receipt = _capture(tmp_path, CriuUnavailable("version", "no criu binary found"))
+    with pytest.raises(SystemExit) as exit_:
+        finish(receipt)
+    assert exit_.value.code == 5
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["failure"] == {
+        "type": "CriuUnavailable", "branch": "OperationError", "step": "process_dump",
+        "message": "criu version: no criu binary found", "environment": True,
+    }  # fmt: skip
