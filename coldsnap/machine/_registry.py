@@ -50,19 +50,6 @@ class Entry:
     (REQUEST_RULES), never its name."""
 
 
-REQUEST_CAPABILITIES = {
-    "provider": {
-        "checkpoint": "brings the weights back from the pinned checkpoint: a restore names it "
-        "(`model`)",
-    },
-    "driver": {
-        "resumes_process": "a restore resumes the captured process with the environment it had "
-        "at capture: what that environment decides is set at capture",
-    },
-}
-"""The capabilities declared at registration that the registry's request check reads."""
-
-
 @frozen(kw_only=True)
 class Components:
     """The four components a Machine drives."""
@@ -285,7 +272,10 @@ REQUEST_RULES: tuple[Callable[[Registry, Any], list[tuple[str, str]]], ...] = (
     _graphs_set_at_capture,
 )
 """What a request must satisfy given the capabilities its components declared at
-registration (REQUEST_CAPABILITIES); each rule returns (field, problem) pairs."""
+registration; each rule returns (field, problem) pairs. The capabilities they read: a
+provider's `checkpoint` (it brings the weights back from the pinned checkpoint, so a restore
+names it in `model`) and a driver's `resumes_process` (a restore resumes the captured process
+with the environment it had at capture, so what that environment decides is set at capture)."""
 
 
 def _present(specs: dict[str, Spec | None]) -> tuple[Spec, ...]:
