@@ -148,7 +148,9 @@ class LifecycleRequest:
     spec seeds come from it. `workdir` is this operation's own (its journal and receipt; the
     command line puts it under `<target>/ops/`). `driver`, `provider` and `engine` are copied
     from the target's request (`coldsnap.machine.lifecycle_request`), so the registry builds
-    the same components and the Machine refuses others."""
+    the same components and the Machine refuses others; so are `model` and `draft`, where a
+    step reads their checkpoints again (a wake from a pinned checkpoint verifies and reloads
+    it). Their paths are not required to exist here: a stop must work after a model is gone."""
 
     KIND: ClassVar[str] = ""
     operation: ClassVar[str] = ""
@@ -158,6 +160,8 @@ class LifecycleRequest:
     driver: str
     provider: str
     engine: str = "sglang"
+    model: ModelRef | None = None
+    draft: ModelRef | None = None
     timeouts: dict[str, float] = field(factory=dict, converter=_as_timeouts)
     format: int = REQUEST_FORMAT
     kind: str = ""

@@ -134,6 +134,8 @@ def lifecycle_request(
         driver=journaled.driver,
         provider=journaled.provider,
         engine=journaled.engine,
+        model=journaled.model,
+        draft=journaled.draft,
         timeouts=dict(timeouts or {}),
     )
 

@@ -125,6 +125,19 @@ def test_a_lifecycle_request_round_trips_and_is_strict(tmp_path) -> None:
         lifecycle_request("nap", target)
 
 
+def test_a_lifecycle_request_names_the_targets_model_for_steps_that_read_it_again(
+    tmp_path,
+) -> None:
+    """A wake from a pinned checkpoint verifies and reloads the model's files, so the request
+    carries the model (and draft) the target's request named."""
+    world = MemoryWorld()
+    target = _restored(tmp_path, world, provider="recovery")
+    journaled = parse_request(read_journal(target / JOURNAL_NAME)[0].request or {})
+    wake = lifecycle_request("wake", target)
+    assert journaled.model is not None
+    assert (wake.model, wake.draft) == (journaled.model, journaled.draft)
+
+
 def test_a_target_that_did_not_finish_is_refused_naming_target(tmp_path) -> None:
     world = MemoryWorld()
     assert memory_machine(world, capture_request(tmp_path)).capture(capture_request(tmp_path)).ok
