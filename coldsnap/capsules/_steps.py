@@ -51,7 +51,7 @@ from coldsnap.artifacts import (
     sha256_range,
     to_json,
 )
-from coldsnap.machine import Engine, InstalledBuild, LifecycleRequest, StepContext
+from coldsnap.machine import Engine, InstalledBuild, LifecycleRequest, Skipped, StepContext
 from coldsnap.machine import steps as s
 
 from ._record import RECORD_NAME, CaptureRecord, read_record
@@ -238,15 +238,19 @@ class StoreArtifacts:
             facts[s.PAYLOAD_DIR.name] = str(_link_tree(store, payload, PAYLOAD_PREFIX, dest))
         return facts
 
-    def discard_layout(self, ctx: StepContext) -> None:
+    def discard_layout(self, ctx: StepContext) -> Skipped | None:
         """Undoes admit: removes the image and payload it laid out under the workdir (hard
         links or copies; the store's objects stay); in a stop, under its target's workdir.
-        Idempotent."""
+        Idempotent; Skipped where nothing is laid out (a capture's workdir, a second run)."""
         root = ctx.workdir
         if isinstance(ctx.request, LifecycleRequest):
             root = Path(ctx.request.target)
-        for sub in (LAYOUT_IMAGE, LAYOUT_PAYLOAD):
-            shutil.rmtree(root / sub, ignore_errors=True)
+        laid_out = [root / sub for sub in (LAYOUT_IMAGE, LAYOUT_PAYLOAD) if (root / sub).exists()]
+        if not laid_out:
+            return Skipped(f"nothing is laid out under {root}")
+        for path in laid_out:
+            shutil.rmtree(path)
+        return None
 
     def _runtime(self, ctx: StepContext, captured: Identity) -> Identity:
         """This host's identity: the captured model, with what this host decides itself."""

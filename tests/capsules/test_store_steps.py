@@ -17,7 +17,7 @@ import pytest
 from coldsnap.artifacts import IncompatibleArtifact, Store, to_json
 from coldsnap.capsules import CaptureRecord, StoreArtifacts, _steps
 from coldsnap.engines.sglang import SGLangCommandLine
-from coldsnap.machine import Fact, InstalledBuild
+from coldsnap.machine import Fact, InstalledBuild, Skipped
 from coldsnap.machine import steps as s
 
 CONTRACT = "sha256:" + "c0" * 32
@@ -538,8 +538,9 @@ def test_discard_layout_undoes_admit_and_keeps_the_store(tmp_path: Path, model: 
     ctx = _admit(tmp_path)
     assert (tmp_path / "res" / "image").is_dir() and (tmp_path / "res" / "payload").is_dir()
     artifacts = StoreArtifacts(Engine())
-    artifacts.discard_layout(ctx)
-    artifacts.discard_layout(ctx)  # idempotent
+    assert artifacts.discard_layout(ctx) is None
+    again = artifacts.discard_layout(ctx)  # idempotent, and says it had nothing to do
+    assert isinstance(again, Skipped) and "nothing is laid out" in again.reason
     assert sorted(p.name for p in (tmp_path / "res").iterdir()) == []
     store = Store(tmp_path / "store")
     store.verify()
