@@ -54,6 +54,7 @@ from typing import Any
 
 from coldsnap.artifacts import BLOCK_BYTES, Member, Store, checkpoint_digests, collect_platform
 from coldsnap.capsules import _steps
+from coldsnap.machine import InstalledBuild
 from coldsnap.machine import steps as s
 
 GIB = 1 << 30
@@ -83,8 +84,9 @@ class _Engine:
     name = "bench"
     capabilities: frozenset[str] = frozenset()
 
-    def build(self) -> tuple[str, str, str]:
-        return "bench", "1", "sha256:" + "00" * 32
+    def build(self) -> InstalledBuild:
+        digest = "sha256:" + "00" * 32
+        return InstalledBuild(engine="bench", version="1", contract=digest, plugin_digest=digest)
 
 
 def _write(path: Path, size: int, tag: str, fsync: bool = False) -> None:
