@@ -24,12 +24,13 @@ import itertools
 import json
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from attrs import define, field
 
+from coldsnap.artifacts import Difference
 from coldsnap.drivers import n580, n610
 from coldsnap.drivers._facts import DUMP_SECONDS, RESTORE_SECONDS
 from coldsnap.drivers.n580._specs import (
@@ -40,7 +41,17 @@ from coldsnap.drivers.n580._specs import (
     TEMPLATE_PID,
 )
 from coldsnap.drivers.n610 import CUDA_PIDS
-from coldsnap.machine import LaunchCommand, Registry, StepContext
+from coldsnap.engines._args import differences
+from coldsnap.machine import (
+    CommandLineError,
+    InstalledBuild,
+    LaunchCommand,
+    LaunchLine,
+    Registry,
+    StepContext,
+    WeightSource,
+    launch_weights,
+)
 from coldsnap.machine import steps as s
 
 PROVIDER_CAPABILITIES = {"native": frozenset({"payload"}), "recovery": frozenset({"checkpoint"})}
@@ -180,15 +191,14 @@ class MemoryLauncher:
     def __init__(self, world: MemoryWorld) -> None:
         self.world = world
 
-    def command(self, request: Any, workdir: Path, *, provider: str) -> LaunchCommand:
+    def command(self, request: Any, workdir: Path, *, weights: WeightSource) -> LaunchCommand:
         op = Path(workdir).name
         runtime_dir = f"/memory/run/{op}"
-        payload = "payload" in PROVIDER_CAPABILITIES.get(provider, ())
         env = {"COLDSNAP_RUNTIME_DIR": runtime_dir, "COLDSNAP_MODE": request.operation}
-        if request.operation == "capture" and payload:
+        if request.operation == "capture" and weights.payload:
             env["COLDSNAP_EXPORT_MODEL_PAYLOAD"] = "1"
-        if request.operation == "restore" and payload:
-            env["COLDSNAP_ARTIFACT_DIR"] = str(Path(workdir) / "payload")
+        if request.operation == "restore" and weights.payload:
+            env["COLDSNAP_ARTIFACT_DIR"] = str(weights.payload_dir)
         return LaunchCommand(argv=("memory-engine",), env=env, url=f"http://memory/{op}")
 
 
@@ -212,7 +222,7 @@ class _MemoryDriver(_Double):
         self.launcher = launcher or MemoryLauncher(world)
 
     def _command(self, ctx: StepContext) -> LaunchCommand:
-        return self.launcher.command(ctx.request, ctx.workdir, provider=ctx.request.provider)
+        return self.launcher.command(ctx.request, ctx.workdir, weights=launch_weights(ctx))
 
     def _dump(self, ctx: StepContext, pid: int) -> dict[str, Any]:
         image = dict(self.world.process(pid))
@@ -431,8 +441,21 @@ class MemoryEngine(_Double):
         self.capabilities = frozenset({"cuda_graphs"}) if graphs else frozenset()
         self.launcher = launcher or MemoryLauncher(world)
 
-    def build(self) -> tuple[str, str, str]:
-        return "memory", "1", _digest(self.world.identity)
+    def build(self) -> InstalledBuild:
+        return InstalledBuild(
+            engine="memory",
+            version="1",
+            contract=_digest(self.world.identity),
+            plugin_digest=_digest("memory-plugin"),
+        )
+
+    def parse_command_line(self, argv: Sequence[str]) -> LaunchLine:
+        raise CommandLineError([("command", "the in-memory engine has no launch command line")])
+
+    def engine_args_differences(
+        self, captured: Sequence[str], requested: Sequence[str]
+    ) -> list[Difference]:
+        return differences(captured, requested)  # every argument binds
 
     def _proc(self, ctx: StepContext) -> dict[str, Any]:
         return self.world.process(ctx.facts.get(s.ENGINE_PID.name))
@@ -508,11 +531,11 @@ class MemoryEngine(_Double):
         self._set(ctx, "recapture_graphs", graphs=True)
 
     def resume_weights(self, ctx: StepContext) -> dict[str, Any]:
-        source = ctx.facts[s.WEIGHT_SOURCE.name]
-        if "payload_dir" in source:
-            weights = self.world.read(source["payload_dir"])["weights"]
+        source = WeightSource.from_fact(ctx.facts[s.WEIGHT_SOURCE.name])
+        if source.payload:
+            weights = self.world.read(source.payload_dir)["weights"]
         else:
-            weights = checkpoint_weights(source["checkpoint"])
+            weights = checkpoint_weights(source.checkpoint)
         self._set(ctx, "resume_weights", weights=weights)
         return {s.RESUME_SEED.name: 0}
 
@@ -543,6 +566,14 @@ class MemoryProvider(_Double):
         default = PROVIDER_CAPABILITIES.get(name, frozenset())
         self.capabilities = frozenset(default if capabilities is None else capabilities)
 
+    def launch_weights(self, ctx: StepContext) -> dict[str, Any]:
+        self._call(ctx, "provider.launch_weights")
+        if "payload" in self.capabilities:
+            source = WeightSource(source="payload")
+        else:
+            source = WeightSource(source="checkpoint", checkpoint=ctx.request.model.path)
+        return {s.WEIGHT_SOURCE.name: source.to_fact()}
+
     def export(self, ctx: StepContext) -> dict[str, Any]:
         self._call(ctx, "provider.export")
         export = self.world.read(ctx.facts[s.EXPORT_DIR.name])
@@ -564,20 +595,16 @@ class MemoryProvider(_Double):
             payload = ctx.facts[s.PAYLOAD_DIR.name]
             if payload is None or payload not in self.world.files:
                 raise RuntimeError(f"the capsule has no payload laid out at {payload}")
-            return {
-                s.WEIGHT_SOURCE.name: {
-                    "provider": self.name,
-                    "payload_dir": payload,
-                    "preverified": True,
-                },
-                s.VERIFY_SECONDS.name: 0.0,
-            }
+            source = WeightSource(source="payload", payload_dir=payload, preverified=True)
+            return {s.WEIGHT_SOURCE.name: source.to_fact(), s.VERIFY_SECONDS.name: 0.0}
         bound = ctx.facts[s.CAPSULE_CHECKPOINT.name]
         here = checkpoint_files(ctx.request.model.path)
         if here != bound:
             raise RuntimeError(f"the checkpoint is not the one the capsule is bound to: {here}")
         return {
-            s.WEIGHT_SOURCE.name: {"provider": self.name, "checkpoint": ctx.request.model.path},
+            s.WEIGHT_SOURCE.name: WeightSource(
+                source="checkpoint", checkpoint=ctx.request.model.path
+            ).to_fact(),
             s.CHECKPOINT_FILES.name: len(here),
         }
 

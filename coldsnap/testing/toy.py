@@ -13,7 +13,7 @@ from typing import Any
 
 from coldsnap.engines import EnginePolicy
 from coldsnap.engines.sglang import SGLangEngine, SGLangLauncher
-from coldsnap.machine import Registry
+from coldsnap.machine import InstalledBuild, Registry
 
 from . import toy_engine
 
@@ -35,10 +35,11 @@ class ToyLauncher(SGLangLauncher):
     forkserver_preload: tuple[str, ...] | None = None
 
 
-def identity() -> tuple[str, str, str]:
-    """The toy engine's build: its name, version 1, and the digest of its source."""
-    source = inspect.getsource(toy_engine).encode()
-    return NAME, "1", "sha256:" + hashlib.sha256(source).hexdigest()
+def identity() -> InstalledBuild:
+    """The toy engine's build: its name, version 1, and the digest of its source (which is
+    also all that runs inside it: it loads no plugin)."""
+    digest = "sha256:" + hashlib.sha256(inspect.getsource(toy_engine).encode()).hexdigest()
+    return InstalledBuild(engine=NAME, version="1", contract=digest, plugin_digest=digest)
 
 
 def build(request: Any) -> SGLangEngine:

@@ -75,8 +75,8 @@ class ToyEngine:
         self.runtime_dir = _env_path("COLDSNAP_RUNTIME_DIR")
         self.artifact_dir = _env_path("COLDSNAP_ARTIFACT_DIR")
         self.export = os.environ.get("COLDSNAP_EXPORT_MODEL_PAYLOAD", "0") in ("1", "true")
-        startup = os.environ.get("COLDSNAP_SGLANG_STARTUP_PROVIDER", "checkpoint")
-        if startup == "native":
+        startup = os.environ.get("COLDSNAP_SGLANG_STARTUP_SOURCE", "checkpoint")
+        if startup == wire.PAYLOAD_SOURCE:
             assert self.artifact_dir is not None, "COLDSNAP_ARTIFACT_DIR is required"
             hydrate_pack(self.tensors, PackDirectory(self.artifact_dir / PAYLOAD_ROLE))
         elif not dummy:
@@ -113,7 +113,7 @@ class ToyEngine:
         planned = self.runtime_dir is not None and (self.runtime_dir / wire.PLAN_FILE).exists()
         if wire.WEIGHTS in tags and wire.WEIGHTS in self.released and planned:
             plan = wire.read_plan(self.runtime_dir)  # type: ignore[arg-type]
-            if plan.provider == "native":
+            if plan.source == wire.PAYLOAD_SOURCE:
                 hydrate_pack(self.tensors, PackDirectory(Path(plan.payload_dir) / PAYLOAD_ROLE))
             else:
                 self.load(Path(plan.checkpoint))
