@@ -68,3 +68,48 @@ def test_an_unknown_flag_is_engine_changing() -> None:
     assert (diff.field, diff.expected, diff.found) == (
         "engine_args --some-future-flag", "absent", "--some-future-flag",
     )  # fmt: skip
+
+
+def test_a_request_s_engine_args_are_checked_flag_by_flag() -> None:
+    from coldsnap.engines.sglang._cmdline import check_engine_args
+
+    assert check_engine_args(["--dtype", "half", "--dp-size=1", "--log-level", "info"]) == []
+    found = check_engine_args(
+        [
+            "--tp-size=2",
+            "--api-key",
+            "k",
+            "--pp-size",
+            "2",
+            "--host",
+            "0.0.0.0",
+            "--speculative-draft-model-path",
+            "/d",
+        ]
+    )
+    flags = [why.split()[0].rstrip(":") for field, why in found]
+    assert {field for field, _ in found} == {"engine_args"}
+    assert flags == [
+        "--tp-size", "--api-key", "--pp-size", "--host", "--speculative-draft-model-path"
+    ]  # fmt: skip
+
+
+def test_the_launcher_refuses_a_flag_coldsnap_cannot_honour(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    import pytest
+
+    from coldsnap.engines.sglang import SGLangLauncher
+    from coldsnap.engines.sglang._cmdline import EngineArgsError
+    from coldsnap.machine import WeightSource
+
+    request = SimpleNamespace(
+        operation="capture",
+        model=SimpleNamespace(path="/models/m"),
+        tp=None,
+        engine_args=("--api-key", "k"),
+    )
+    with pytest.raises(EngineArgsError, match="--api-key cannot be captured"):
+        SGLangLauncher().command(
+            request, tmp_path, weights=WeightSource(source="checkpoint", checkpoint="/models/m")
+        )

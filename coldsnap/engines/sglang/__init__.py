@@ -15,7 +15,7 @@ from coldsnap.machine import Registry
 
 from . import cpu
 from ._build import installed_sglang
-from ._cmdline import SGLangCommandLine, parse_command_line
+from ._cmdline import EngineArgsError, SGLangCommandLine, check_engine_args, parse_command_line
 from ._launcher import (
     CUDA_TEMPLATE_PRELOAD,
     RUNTIME_ROOT,
@@ -90,12 +90,14 @@ __all__ = [
     "GRAPH_SAVER_ENV",
     "RUNTIME_ROOT",
     "SGLANG_POLICY",
+    "EngineArgsError",
     "Identity",
     "SGLangCommandLine",
     "SGLangEngine",
     "SGLangLauncher",
     "TopologyArgsError",
     "build",
+    "check_engine_args",
     "coldsnap_env",
     "cpu",
     "cpu_binding",

@@ -23,6 +23,7 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 
+from coldsnap._errors import RefusedError
 from coldsnap.artifacts import Difference
 from coldsnap.engines._args import differences
 from coldsnap.machine import CommandLineError, LaunchLine
@@ -172,8 +173,38 @@ def parse_command_line(argv: Sequence[str]) -> LaunchLine:
     )
 
 
+class EngineArgsError(RefusedError, ValueError):
+    """A request's engine arguments hold a flag coldsnap sets itself, takes from another field,
+    or cannot honour; the message names each flag and why."""
+
+
+def check_engine_args(args: Sequence[str]) -> list[tuple[str, str]]:
+    """("engine_args", why) for each flag of a request's engine arguments that coldsnap sets
+    itself (where the engine listens), takes from another request field (the tensor-parallel
+    size, the draft model), or cannot honour; empty when every flag may go to the engine."""
+    problems: list[tuple[str, str]] = []
+    for flag, value, _tokens in _flags(list(args)):
+        if flag in OWNED:
+            problems.append(("engine_args", f"{flag} is coldsnap's to set (the request's host "
+                             "and port say where the engine listens)"))  # fmt: skip
+        elif flag in TP_FLAGS:
+            problems.append(("engine_args", f"{flag} is not accepted; the tensor-parallel size "
+                             "is the request's field tp (the capsule binds it)"))  # fmt: skip
+        elif flag in DRAFT_FLAGS:
+            problems.append(("engine_args", f"{flag}: name the draft model in the field 'draft'"))
+        elif flag in REFUSED:
+            problems.append(("engine_args", f"{flag} cannot be captured: {REFUSED[flag]}"))
+        elif flag in ONE and value != "1":
+            problems.append(("engine_args", f"{flag} must be 1 (got {value}): {ONE[flag]}"))
+    return problems
+
+
 class SGLangCommandLine:
     """The launch-line policy as the engine adapter's methods (`SGLangEngine` inherits them)."""
+
+    def check_engine_args(self, args: Sequence[str]) -> list[tuple[str, str]]:
+        """(field, why) for every engine argument of a request coldsnap cannot pass on."""
+        return check_engine_args(args)
 
     def parse_command_line(self, argv: Sequence[str]) -> LaunchLine:
         """The user's launch command line as a capture request's fields."""
@@ -194,6 +225,8 @@ __all__ = [
     "OWNED",
     "REFUSED",
     "TP_FLAGS",
+    "EngineArgsError",
     "SGLangCommandLine",
+    "check_engine_args",
     "parse_command_line",
 ]

@@ -19,12 +19,11 @@ from typing import Any
 
 import attrs
 
-from coldsnap._errors import RefusedError
 from coldsnap._paths import ENGINES_ROOT
 from coldsnap._wire import EngineSettings
 from coldsnap.machine import LaunchCommand, WeightSource, WeightSourceError
 
-from ._cmdline import TP_FLAGS
+from ._cmdline import TP_FLAGS, EngineArgsError, check_engine_args
 
 RUNTIME_ROOT = ENGINES_ROOT
 CPU_BIND_VARIABLE = "SGLANG_CPU_OMP_THREADS_BIND"
@@ -54,7 +53,7 @@ def memory_saver_preload() -> dict[str, str]:
     return {PRELOAD_VARIABLE: ":".join([hook, *current])}
 
 
-class TopologyArgsError(RefusedError, ValueError):
+class TopologyArgsError(EngineArgsError):
     """The request's engine arguments set the tensor-parallel size themselves: it comes from
     the request's `tp`, which the capsule binds."""
 
@@ -215,12 +214,11 @@ class SGLangLauncher:
         return [*args, *extra], {CPU_BIND_VARIABLE: cpu_binding(tp, cpus)}
 
     def command(self, request: Any, workdir: Path, *, weights: WeightSource) -> LaunchCommand:
-        clash = [a for a in request.engine_args if a.split("=")[0] in TP_FLAGS]
-        if clash:
-            raise TopologyArgsError(
-                f"engine_args: {clash[0]} is not accepted; the tensor-parallel size is the "
-                "request's field tp (the capsule binds it)"
-            )
+        problems = check_engine_args(request.engine_args)
+        if problems:
+            text = "; ".join(f"{field}: {why}" for field, why in problems)
+            tp = any(a.split("=")[0] in TP_FLAGS for a in request.engine_args)
+            raise (TopologyArgsError if tp else EngineArgsError)(text)
         runtime_dir = RUNTIME_ROOT / uuid.uuid4().hex
         runtime_dir.mkdir(parents=True, mode=0o700)
         port = getattr(request, "port", None) or free_port()
