@@ -17,6 +17,7 @@ import attrs
 import click
 
 from coldsnap._errors import ColdsnapError
+from coldsnap._paths import DEFAULT_STORE
 from coldsnap.artifacts import Store
 from coldsnap.backends.inet import PortInUse, check_port_free
 from coldsnap.machine import (
@@ -38,7 +39,6 @@ from ._events import print_json_event
 from ._progress import ENDED, LiveSteps, step_line
 from ._recipes import load_recipe
 
-DEFAULT_STORE = Path("/var/lib/coldsnap/store")
 _TAG = re.compile(r"[^A-Za-z0-9._-]+")
 
 

@@ -25,6 +25,7 @@ from attrs import asdict, frozen
 
 from coldsnap._atomic import write_json_atomic
 from coldsnap._errors import OperationError
+from coldsnap._paths import SERVING_ROOT
 from coldsnap.backends.procs import running
 from coldsnap.machine import (
     JOURNAL_NAME,
@@ -40,7 +41,7 @@ from coldsnap.machine._receipt import RECEIPT_NAME
 from . import _sleep
 
 SERVING_ENV = "COLDSNAP_SERVING_DIR"
-DEFAULT_SERVING_DIR = Path("/run/coldsnap/serving")
+DEFAULT_SERVING_DIR = SERVING_ROOT
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 

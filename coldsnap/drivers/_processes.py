@@ -18,11 +18,12 @@ from typing import Any
 
 import psutil
 
+from coldsnap._paths import HOST_RUN
 from coldsnap.backends import Criu, Launched, become_subreaper, launch, reap_children, stop_tree
 from coldsnap.backends.procs import pid_exists, running, tree_pids
 from coldsnap.machine import LaunchCommand, LifecycleRequest, StepContext
 
-HOST_ROOT = Path("/run/coldsnap")
+HOST_ROOT = HOST_RUN
 """Where engines' runtime dirs and templates' control dirs live: the only place outside the
 workdir from which a driver removes directories."""
 RUNTIME_ENV = "COLDSNAP_RUNTIME_DIR"

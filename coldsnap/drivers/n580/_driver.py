@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 
 from coldsnap._atomic import write_json_atomic
+from coldsnap._paths import TEMPLATES_ROOT
 from coldsnap.backends import Criu, refuse_gpu_mappings
 from coldsnap.backends.procs import kill_tree
 from coldsnap.machine import (
@@ -41,7 +42,7 @@ from .._processes import (
 from ._template import RELEASE, STATUS
 
 IMAGE_DIR = "template-image"
-CONTROL_ROOT = Path("/run/coldsnap/templates")
+CONTROL_ROOT = TEMPLATES_ROOT
 
 
 class N580Driver:

@@ -9,127 +9,59 @@ it the files of coldsnap._wire. Each step reads the facts its shared step
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import json
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-from attrs import frozen
 
 from coldsnap._errors import DefinitionError
 from coldsnap._wire import (
+    CHECKPOINT_SOURCE,
     CUDA_GRAPH,
     KV_CACHE,
-    STATUS_KIND,
     WEIGHTS,
+    ProcessStatus,
     ResumePlan,
+    StatusError,
     plan_from,
+    read_status,
     status_path,
     write_plan,
 )
-from coldsnap.artifacts import Persisted, SourceMemo
 from coldsnap.backends.procs import running
 from coldsnap.engines import EngineClient, EngineError, EnginePolicy
-from coldsnap.machine import Launcher, Skipped, StepContext
+from coldsnap.machine import InstalledBuild, Launcher, Skipped, StepContext, WeightSource
 from coldsnap.machine import steps as s
 
+from ._build import installed_sglang
+from ._cmdline import SGLangCommandLine
 from ._launcher import export_dir
 from ._policy import SGLANG_POLICY
-from ._ranks import RankReport, absent_ranks, census, extra_ranks, read_ranks
+from ._ranks import (
+    RankReport,
+    absent_ranks,
+    census,
+    extra_ranks,
+    read_ranks,
+    scheduler_statuses,
+)
 from ._specs import SLEEP_RECORD
 
-Identity = Callable[[], tuple[str, str, str]]
-"""() -> (engine name, version, contract digest): what the store binds into capsules."""
+Identity = Callable[[], InstalledBuild]
+"""() -> the engine installed here, by value: what the store binds into capsules."""
 
 _LOG_TAIL_CHARS = 4000
 GRAPH_SAVER_ENV = "SGLANG_MEMORY_SAVER_CUDA_GRAPH"
 """With it set to 1, SGLang captures CUDA graphs inside the memory saver's `cuda_graph` region, so
 releasing that tag frees the graphs' memory; without it nothing is tagged `cuda_graph`."""
-REPORT_FIELD = "cuda_release"  # the scheduler's status field (coldsnap.plugin._cuda_release)
 HTTP_PROCESS = "main"  # the HTTP server's status record (coldsnap.plugin._install.process_role)
 
 
-def installed_sglang() -> tuple[str, str, str]:
-    """SGLang's installed version and the digest of the contracts the plugin checks in it,
-    taken again only once a file it is read from may have changed (`_INSTALLED`): every admit
-    asks, and the contract check costs about 0.1 s of re-tokenized sources. A fresh process
-    finds it in the node's record (`_PERSISTED`) while nothing changed, without importing
-    SGLang (6-10 s on CPU, 21-24 s on the H200); the contract variants then come from the
-    record too, so `coldsnap.plugin.plugin_digest()` binds them as if checked here."""
-    from coldsnap.plugin import recall_variants
-
-    build, recorded = _INSTALLED.fetch()
-    if recorded:  # computed here, the check itself left its variants in this process
-        recall_variants(build.variants)
-    return build.engine, build.version, build.contract
-
-
-@frozen
-class InstalledBuild:
-    """What identifying the installed SGLang takes an import for."""
-
-    engine: str
-    version: str
-    contract: str
-    variants: dict[str, str]  # coldsnap.plugin.variants_checked() of that check
-
-
-def _installed_sglang() -> InstalledBuild:
-    from coldsnap.plugin import digest, variants_checked
-
-    contract = digest()
-    return InstalledBuild(
-        "sglang", importlib.metadata.version("sglang"), contract, variants_checked() or {}
-    )
-
-
-_SELECTING_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH", "PYTHONNOUSERSITE")
-
-
-def _build_selector() -> dict[str, str]:
-    """What the identity depends on besides the stamped files: this interpreter, its import
-    path (cpu.activate() puts the CPU stand-ins and an overlay there) and the environment
-    variables that can change what SGLang's import loads (every SGLANG_* one, and
-    COLDSNAP_SGLANG_OVERLAY)."""
-    env = {
-        f"env:{k}": v
-        for k, v in os.environ.items()
-        if k in _SELECTING_VARIABLES or k.startswith(("SGLANG_", "COLDSNAP_SGLANG_"))
-    }
-    return {"executable": sys.executable, "sys.path": json.dumps(sys.path), **env}
-
-
-def _sglang_sources() -> list[str]:
-    """What the version and the contract digest are read from: the files of SGLang's and the
-    plugin's loaded modules, their directories (a module added), and the import path's
-    directories that hold distributions (one installed, removed or upgraded)."""
-    files = [
-        path
-        for name, module in list(sys.modules.items())
-        if name.split(".")[0] == "sglang" or name.startswith("coldsnap.plugin")
-        if (path := getattr(module, "__file__", None))
-    ]
-    folders = {os.path.dirname(f) for f in files}
-    return [*files, *folders, *(p for p in sys.path if _holds_distributions(p))]
-
-
-def _holds_distributions(folder: str) -> bool:
-    try:
-        return any(n.endswith((".dist-info", ".egg-info")) for n in os.listdir(folder or "."))
-    except OSError:
-        return False
-
-
-_PERSISTED = Persisted("sglang-build", _build_selector, InstalledBuild)
-_INSTALLED = SourceMemo(_installed_sglang, _sglang_sources, persist=_PERSISTED)
-
-
-class SGLangEngine:
+class SGLangEngine(SGLangCommandLine):
     """Engine steps for SGLang (or any engine that speaks `policy`'s endpoints and the plugin's
     files).
 
@@ -180,8 +112,8 @@ class SGLangEngine:
         self._identity = identity or installed_sglang
         self._transport = transport  # tests hand an httpx.MockTransport
 
-    def build(self) -> tuple[str, str, str]:
-        """(engine name, version, contract digest) of the engine installed here."""
+    def build(self) -> InstalledBuild:
+        """The engine installed here (name, version, contract and plugin digests, variants)."""
         return self._identity()
 
     def _client(self, ctx: StepContext) -> EngineClient:
@@ -291,7 +223,7 @@ class SGLangEngine:
             return
         draft = getattr(ctx.request, "draft", None)
         plan = ResumePlan(
-            provider="recovery",
+            source=CHECKPOINT_SOURCE,
             checkpoint=ctx.request.model.path,
             draft_checkpoint=draft.path if draft is not None else None,
         )
@@ -432,16 +364,16 @@ class SGLangEngine:
         EngineError naming each rank that is missing, failed, ended, or out of step."""
         runtime_dir, tp = Path(ctx.facts[s.RUNTIME_DIR.name]), _captured_tp(ctx, "tp_barrier")
         found, problems = read_ranks("tp_barrier", runtime_dir, tp, ctx.facts[s.ENGINE_PID.name])
-        hydrated = ctx.request.provider == "native"
+        hydrated = WeightSource.from_fact(ctx.facts[s.WEIGHT_SOURCE.name]).payload
         for r in found:
             why = _rank_problem(r, hydrated=hydrated)
             if why:
                 problems.append(f"{r.describe()}: {why}")
-        operations = {r.record.get("operation") for r in found}
+        operations = {r.status.operation for r in found}
         if len(operations) > 1:
             problems.append(
                 "the ranks are at different operations: "
-                + ", ".join(f"rank {r.rank} {r.record.get('operation')}" for r in found)
+                + ", ".join(f"rank {r.rank} {r.status.operation}" for r in found)
             )
         if problems:
             raise EngineError(
@@ -450,9 +382,9 @@ class SGLangEngine:
         ranks = {
             r.name: {
                 "pid": r.pid,
-                "operation": r.record.get("operation"),
+                "operation": r.status.operation,
                 "event": r.last_event,
-                "nccl": (r.record.get("resume") or {}).get("nccl"),
+                "nccl": r.status.resume.nccl if r.status.resume is not None else None,
             }
             for r in found
         }
@@ -486,19 +418,19 @@ def _captured_tp(ctx: StepContext, step: str) -> int:
 
 def _rank_problem(report: RankReport, *, hydrated: bool) -> str | None:
     """Why one rank is not ready to serve, or None."""
-    record = report.record
+    status = report.status
     if not report.running:
         return "its process is not running"
-    if record.get("outcome") not in (None, "ok"):
-        return f"{record.get('outcome')} at {report.last_event}: {record.get('error')}"
-    if record.get("released_tags"):
-        return f"still released: {', '.join(record['released_tags'])}"
-    calibration = record.get("shape_calibration")
-    if isinstance(calibration, dict) and calibration.get("outcome") != "ok":
+    if status.outcome not in (None, "ok"):
+        return f"{status.outcome} at {report.last_event}: {status.error}"
+    if status.released_tags:
+        return f"still released: {', '.join(status.released_tags)}"
+    calibration = status.shape_calibration
+    if calibration is not None and calibration.get("outcome") != "ok":
         return f"its graph shapes are not the plan: {calibration.get('error')}"
-    if hydrated and record.get("mode") == "restore" and not record.get("startup_hydration"):
+    if hydrated and status.mode == "restore" and not status.startup_hydration:
         return "built from the payload but reported no hydration"
-    if not record.get("registered"):
+    if not status.registered:
         return "registered no model storages"
     return None
 
@@ -510,8 +442,7 @@ def _check_rank_count(
     returns each rank's pid. EngineError of `step` naming each rank that is not."""
     found, problems = read_ranks(step, runtime_dir, tp, None)
     for r in found:
-        events = r.record.get("events") or []
-        if not any(e.get("event") == "released" and e.get("time", 0) >= started for e in events):
+        if not any(e.event == "released" and e.time >= started for e in r.status.events):
             problems.append(f"{r.describe()} did not report this release")
     extra = extra_ranks(runtime_dir, tp)
     if extra:
@@ -528,19 +459,18 @@ def _sleep_report(runtime_dir: Path, since: float) -> dict[str, dict[str, Any]]:
     payload, as an engine started to export does). EngineError naming a scheduler whose
     release failed."""
     out: dict[str, dict[str, Any]] = {}
-    for name, record in scheduler_records(runtime_dir, "release").items():
-        if record.get("outcome") == "failed":
-            raise EngineError("release", f"{name}: the plugin refused: {record.get('error')}")
+    for name, status in scheduler_records(runtime_dir, "release").items():
+        if status.outcome == "failed":
+            raise EngineError("release", f"{name}: the plugin refused: {status.error}")
         host, exported = 0, False
-        for event in record.get("events") or ():
-            if event.get("event") == "released" and float(event.get("time", 0)) >= since:
-                host += int(event.get("discarded_bytes") or 0)
-                exported = exported or bool(event.get("export"))
-        report = record.get(REPORT_FIELD)
-        fresh = isinstance(report, dict) and float(report.get("at", 0)) >= since
-        freed = report.get("device_freed") if fresh and isinstance(report, dict) else None
+        for event in status.events:
+            if event.event == "released" and event.time >= since:
+                host += int(event.fields.get("discarded_bytes") or 0)
+                exported = exported or bool(event.fields.get("export"))
+        report = status.cuda_release
+        freed = report.device_freed if report is not None and report.at >= since else None
         out[name] = {
-            "pid": record.get("pid"),
+            "pid": status.pid,
             "host_bytes": host,
             "device_freed": None if freed is None else int(freed),
             "exported": exported,
@@ -564,18 +494,13 @@ def _released_tags(ctx: StepContext, step: str) -> set[str]:
     pid = int(ctx.facts[s.ENGINE_PID.name])
     while True:
         try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise EngineError(
-                step, f"the engine's status record {path} is unreadable: {exc}"
-            ) from None
-        if not isinstance(record, dict) or record.get("kind") != STATUS_KIND:
-            raise EngineError(step, f"{path} is not a coldsnap status record")
-        if record.get("pid") != pid:
-            raise EngineError(step, f"{path} was written by pid {record.get('pid')}, not {pid}")
-        events = record.get("events") or [{}]
-        if events[-1].get("event") != "gate_closed":  # a call in flight closes the gate first
-            return set(record.get("released_tags") or ())
+            status = read_status(path)
+        except (OSError, StatusError) as exc:
+            raise EngineError(step, f"the engine's status record: {exc}") from None
+        if status.pid != pid:
+            raise EngineError(step, f"{path} was written by pid {status.pid}, not {pid}")
+        if status.last_event != "gate_closed":  # a call in flight closes the gate first
+            return set(status.released_tags or ())
         ctx.check()
         time.sleep(0.05)
 
@@ -585,20 +510,13 @@ def _graph_saver(launcher: Launcher) -> bool:
     return env.get(GRAPH_SAVER_ENV) == "1"
 
 
-def scheduler_records(runtime_dir: Path, step: str = "release_memory") -> dict[str, dict[str, Any]]:
-    """process name -> status record of every scheduler (one per TP rank); EngineError of
-    `step` for a record that cannot be read."""
-    folder = status_path(runtime_dir, "scheduler").parent
-    out: dict[str, dict[str, Any]] = {}
-    for path in sorted(folder.glob("scheduler*.json")):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise EngineError(step, f"status record {path} is unreadable: {exc}") from None
-        if not isinstance(record, dict) or record.get("kind") != STATUS_KIND:
-            raise EngineError(step, f"{path} is not a coldsnap status record")
-        out[path.stem] = record
-    return out
+def scheduler_records(
+    runtime_dir: Path, step: str = "release_memory"
+) -> dict[str, ProcessStatus]:
+    """process name -> the typed status record (coldsnap._wire.ProcessStatus) of every
+    scheduler (one per TP rank); EngineError of `step` naming a record that cannot be read or
+    is not the plugin's, and the field."""
+    return scheduler_statuses(runtime_dir, step)
 
 
 def _shape_coverage(runtime_dir: Path) -> dict[str, Any] | None:
@@ -609,13 +527,12 @@ def _shape_coverage(runtime_dir: Path) -> dict[str, Any] | None:
     records = scheduler_records(runtime_dir)
     published: dict[str, Any] = {}
     failed: list[str] = []
-    for name, record in records.items():
-        calibration = record.get("shape_calibration")
+    for name, status in records.items():
+        calibration = status.shape_calibration
         if calibration is None:
             continue
-        if not isinstance(calibration, dict) or calibration.get("outcome") != "ok":
-            error = calibration.get("error") if isinstance(calibration, dict) else calibration
-            failed.append(f"{name}: {error}")
+        if calibration.get("outcome") != "ok":
+            failed.append(f"{name}: {calibration.get('error')}")
         else:
             published[name] = calibration.get("coverage")
     if failed:
@@ -648,37 +565,33 @@ def _check_release(runtime_dir: Path, started: float, *, cuda: bool) -> int:
         return 0
     problems: list[str] = []
     residual = 0
-    for name, record in records.items():
-        if record.get("outcome") == "failed":
-            problems.append(f"{name}: the plugin refused the release: {record.get('error')}")
+    for name, status in records.items():
+        if status.outcome == "failed":
+            problems.append(f"{name}: the plugin refused the release: {status.error}")
             continue
-        report = record.get(REPORT_FIELD)
-        fresh = isinstance(report, dict) and float(report.get("at", 0)) >= started
-        if not fresh:
+        report = status.cuda_release
+        if report is None or report.at < started:
             if cuda:
                 problems.append(f"{name}: no measurement of this release in its status record")
             continue
-        assert isinstance(report, dict)
-        if report.get("error"):
-            problems.append(f"{name}: the release could not be measured: {report['error']}")
+        if report.error:
+            problems.append(f"{name}: the release could not be measured: {report.error}")
             continue
-        if cuda and report.get("device") == "cpu":
+        if cuda and report.device == "cpu":
             problems.append(f"{name}: measured on cpu, but this engine runs on CUDA")
             continue
-        resident = report.get("resident") or {}
-        if resident:
-            regions = report.get("regions") or {}
+        if report.resident:
             parts = ", ".join(
-                f"{tag} {_gib(n)} of {_gib(regions.get(tag, {}).get('bytes', n))}"
-                for tag, n in sorted(resident.items())
+                f"{tag} {_gib(n)} of {_gib(report.regions.get(tag, {}).get('bytes', n))}"
+                for tag, n in sorted(report.resident.items())
             )
             problems.append(
-                f"{name} ({report.get('device')}): still resident after the release: {parts} "
-                f"(device memory in use {_gib(report.get('device_used_after') or 0)}, freed "
-                f"{_gib(report.get('device_freed') or 0)})"
+                f"{name} ({report.device}): still resident after the release: {parts} "
+                f"(device memory in use {_gib(report.device_used_after or 0)}, freed "
+                f"{_gib(report.device_freed or 0)})"
             )
             continue
-        residual += int(report.get("residual_device_bytes") or 0)
+        residual += int(report.residual_device_bytes or 0)
     if problems:
         hint = (
             "; start SGLang with --enable-memory-saver (COLDSNAP_LIVE_BACKING discard or disk), "
@@ -701,16 +614,10 @@ def _gate_opened(runtime_dir: str | None, pid: int) -> bool:
     if not runtime_dir:
         return False
     try:
-        record = json.loads(status_path(Path(runtime_dir), HTTP_PROCESS).read_text())
-    except (OSError, ValueError):
+        status = read_status(status_path(Path(runtime_dir), HTTP_PROCESS))
+    except (OSError, StatusError):
         return False
-    return (
-        isinstance(record, dict)
-        and record.get("kind") == STATUS_KIND
-        and record.get("pid") == pid
-        and record.get("gate") == "open"
-        and record.get("released_tags") == []
-    )
+    return status.pid == pid and status.gate == "open" and status.released_tags == ()
 
 
 def _gib(n: int) -> str:
