@@ -62,6 +62,7 @@ from ._status import (
     StatusEvent,
     parse_status,
     read_status,
+    read_status_as_written,
 )
 
 __all__ = [
@@ -105,6 +106,7 @@ __all__ = [
     "plan_from",
     "read_plan",
     "read_status",
+    "read_status_as_written",
     "status_path",
     "unknown_variables",
     "write_plan",

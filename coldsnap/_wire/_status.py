@@ -204,13 +204,19 @@ def parse_status(data: Any, *, where: str = "status record") -> ProcessStatus:
 def read_status(path: Path) -> ProcessStatus:
     """The status record at `path`; StatusError when it cannot be read or is malformed
     (FileNotFoundError passes through: a process that wrote none is the caller's to name)."""
+    return read_status_as_written(path)[1]
+
+
+def read_status_as_written(path: Path) -> tuple[dict[str, Any], ProcessStatus]:
+    """The status record at `path` as written (the JSON object, for reports that keep it
+    whole) and as checked; errors as `read_status`."""
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise
     except (OSError, ValueError) as exc:
         raise StatusError(f"status record {path} is unreadable: {exc}") from None
-    return parse_status(data, where=f"status record {path}")
+    return data, parse_status(data, where=f"status record {path}")
 
 
 __all__ = [
@@ -222,4 +228,5 @@ __all__ = [
     "StatusEvent",
     "parse_status",
     "read_status",
+    "read_status_as_written",
 ]

@@ -8,7 +8,6 @@ a rank that never reported, reported a failure, or whose process has ended is na
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import psutil
 from attrs import frozen
 
-from coldsnap._wire import ProcessStatus, StatusError, parse_status, status_path
+from coldsnap._wire import ProcessStatus, StatusError, read_status_as_written, status_path
 from coldsnap.engines import EngineError
 
 
@@ -59,7 +58,7 @@ def read_ranks(
     for rank, name in enumerate(rank_names(tp)):
         path = status_path(runtime_dir, name)
         try:
-            record, status = read_record(path)
+            record, status = read_status_as_written(path)
         except FileNotFoundError:
             missing.append(f"rank {rank} ({name}): no status record at {path}")
             continue
@@ -70,18 +69,6 @@ def read_ranks(
     return found, missing
 
 
-def read_record(path: Path) -> tuple[dict[str, Any], ProcessStatus]:
-    """The status record at `path` as written and as checked; StatusError naming the record
-    and the field (FileNotFoundError passes through)."""
-    try:
-        record = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise
-    except (OSError, ValueError) as exc:
-        raise StatusError(f"status record {path} is unreadable: {exc}") from None
-    return record, parse_status(record, where=f"status record {path}")
-
-
 def scheduler_statuses(runtime_dir: Path, step: str) -> dict[str, ProcessStatus]:
     """process name -> the typed status record of every scheduler (one per TP rank);
     EngineError of `step` naming a record that cannot be read or is not the plugin's."""
@@ -89,7 +76,7 @@ def scheduler_statuses(runtime_dir: Path, step: str) -> dict[str, ProcessStatus]
     out: dict[str, ProcessStatus] = {}
     for path in sorted(folder.glob("scheduler*.json")):
         try:
-            out[path.stem] = read_record(path)[1]
+            out[path.stem] = read_status_as_written(path)[1]
         except (FileNotFoundError, StatusError) as exc:
             raise EngineError(step, str(exc)) from None
     return out
