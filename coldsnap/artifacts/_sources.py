@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -50,16 +51,32 @@ Stamp = tuple[str, int, int, int, int]
 
 def stamps(paths: Iterable[str]) -> tuple[Stamp, ...]:
     """(path, device, inode, size, mtime) of each path, in sorted order; a path that cannot be
-    stat'ed is stamped with zeros (its coming back is then a change too)."""
+    stat'ed is stamped with zeros (its coming back is then a change too).
+
+    A directory is stamped by what it lists, not by its times: its `size` is a digest of the
+    names in it (hidden ones and `__pycache__` left out) and its `mtime` 0. A directory is named
+    so that a module or distribution added to it, or one removed or renamed, is a change;
+    Python writing bytecode caches, or a tool its dot-folder, beside the sources is not one,
+    and counting it would make the first use of every fresh install compute twice."""
     out = []
     for path in sorted(set(paths)):
         try:
             st = os.stat(path)
+            if stat.S_ISDIR(st.st_mode):
+                out.append((path, st.st_dev, st.st_ino, _listing(path), 0))
+                continue
         except OSError:
             out.append((path, 0, 0, -1, 0))
             continue
         out.append((path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
     return tuple(out)
+
+
+def _listing(folder: str) -> int:
+    """A digest of the names `folder` holds, other than hidden ones and bytecode caches."""
+    names = sorted(n for n in os.listdir(folder) if not n.startswith(".") and n != "__pycache__")
+    digest = hashlib.sha256("\0".join(names).encode("utf-8", "surrogateescape")).digest()
+    return int.from_bytes(digest[:7], "big")  # fits a JSON number exactly
 
 
 @frozen

@@ -70,11 +70,27 @@ def test_any_change_a_stat_can_see_computes_again(
     elif change == "touch":
         os.utime(a)
     elif change == "add_module":
-        (tmp_path / "pkg" / "c.py").write_text("z = 3\n")  # the folder's mtime moves
+        (tmp_path / "pkg" / "c.py").write_text("z = 3\n")  # the folder lists one more
     else:
         a.unlink()
     assert memo() == "value 2"
     assert compute.calls == 2
+
+
+def test_bytecode_caches_and_dot_folders_beside_the_sources_are_no_change(
+    sources: list[str], tmp_path: Path
+) -> None:
+    """The first import of a fresh install writes `__pycache__` into its package folders, and
+    tools make dot-folders in a checkout on the import path: neither changes what is imported,
+    so neither computes again (it made the first use of every fresh clone compute twice)."""
+    compute = Counting()
+    memo = SourceMemo(compute, lambda: sources)
+    assert memo() == "value 1"
+    (tmp_path / "pkg" / "__pycache__").mkdir()
+    (tmp_path / "pkg" / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\0")
+    (tmp_path / "pkg" / ".pytest_cache").mkdir()
+    assert [memo(), memo()] == ["value 1", "value 1"]
+    assert compute.calls == 1
 
 
 def test_sources_written_just_before_are_not_trusted(tmp_path: Path) -> None:
