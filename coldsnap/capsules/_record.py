@@ -26,11 +26,14 @@ class CaptureRecord:
     refused.
     Format 3 adds where the user's own launch command line served (`serve_port`,
     `serve_host`), where a restore serves by default; a format-2 record is still read (it has
-    neither)."""
+    neither).
+    Format 4 binds the request's `engine_options` (admission compares them with the restore's
+    through the engine adapter's `engine_options_differences`); an older record has none, which
+    is what its capture ran with (each option at the engine's default)."""
 
     KIND: ClassVar[str] = "coldsnap.capture-record"
-    FORMAT: ClassVar[int] = 3
-    READS: ClassVar[tuple[int, ...]] = (2, 3)
+    FORMAT: ClassVar[int] = 4
+    READS: ClassVar[tuple[int, ...]] = (2, 3, 4)
 
     driver: str = field(validator=v.text)
     provider: str = field(validator=v.text)
@@ -39,6 +42,7 @@ class CaptureRecord:
     revision: str
     facts: dict[str, Any]
     engine_args: tuple[str, ...] = ()
+    engine_options: dict[str, str] = field(factory=dict)
     serve_port: int | None = None
     serve_host: str | None = None
     format: int = field(default=FORMAT, validator=v.one_of(READS))
@@ -47,6 +51,8 @@ class CaptureRecord:
     def __attrs_post_init__(self) -> None:
         if self.format < 3 and (self.serve_port is not None or self.serve_host is not None):
             raise ValueError(f"serve_port: a format-{self.format} record cannot carry it")
+        if self.format < 4 and self.engine_options:
+            raise ValueError(f"engine_options: a format-{self.format} record cannot carry them")
 
 
 def _strict_args(value: Any, _: Any) -> tuple[str, ...]:

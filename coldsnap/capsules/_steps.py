@@ -111,6 +111,7 @@ class StoreArtifacts:
             revision=request.model.revision,
             facts=carried_facts(ctx),
             engine_args=tuple(request.engine_args),
+            engine_options=dict(request.engine_options),
             serve_port=getattr(request, "serve_port", None),  # older doubles lack them
             serve_host=getattr(request, "serve_host", None),
         )
@@ -271,10 +272,12 @@ def _check_request_binds(
     engine: Engine, request: Any, identity: Identity, record: CaptureRecord
 ) -> None:
     """Every field the capsule binds that the restore request also names must be the same:
-    the model (id and revision), the topology (tp) and the engine arguments that change the
-    engine (the engine adapter says which may differ: `engine_args_differences`). Refused
-    before anything runs, naming each field with the captured and the requested value."""
+    the model (id and revision), the topology (tp), the engine arguments that change the
+    engine (the engine adapter says which may differ: `engine_args_differences`) and the
+    engine options (`engine_options_differences`). Refused before anything runs, naming each
+    field with the captured and the requested value."""
     wrong = list(engine.engine_args_differences(record.engine_args, request.engine_args))
+    wrong += engine.engine_options_differences(record.engine_options, request.engine_options)
     model = request.model
     if model is not None:
         for name, captured, wanted in (

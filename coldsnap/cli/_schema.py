@@ -48,6 +48,9 @@ _ABOUT: dict[str, str] = {
     "artifact": "the capsule to restore: a tag or a sha256:<hex> digest",
     "engine_args": "the engine's command-line flags, as in its own command line; --host and "
     "--port are coldsnap's and refused here",
+    "engine_options": "the engine's own knobs by name, as strings (the engine adapter refuses "
+    "a key it does not know, naming it); the capsule binds them and a restore must name the "
+    "same",
     "tp": "the tensor-parallel size (capture: the engine gets it as --tp-size, which engine_args "
     "must not set; restore: refuse a capsule captured with another)",
     "port": "the TCP port the restored engine serves on (default: the capture's serve_port, "

@@ -59,9 +59,24 @@ class Engine(Component, Protocol):
     here (an InstalledBuild, by value), which the store binds into capsules. The engine owns
     its launch-line policy: the command line reads a user's launch line through
     `parse_command_line`, and the store compares engine arguments through
-    `engine_args_differences`."""
+    `engine_args_differences`. The registry checks a request against that policy before
+    building anything, on the registered class: `check_engine_args` and
+    `check_engine_options` are static (building an adapter imports its engine)."""
 
     launcher: Launcher
+
+    @staticmethod
+    def check_engine_args(args: Sequence[str]) -> list[tuple[str, str]]:
+        """(field, why) for each of a request's engine arguments coldsnap cannot pass on (a
+        flag it sets itself, takes from another request field, or cannot honour); the field
+        is `engine_args`."""
+        ...
+
+    @staticmethod
+    def check_engine_options(options: Mapping[str, str]) -> list[tuple[str, str]]:
+        """(field, why) for each of a request's engine options this engine does not know or
+        cannot take; the field is `engine_options.<key>`."""
+        ...
 
     def build(self) -> InstalledBuild:
         """The engine installed here: name, version, contract and plugin digests, variants."""
@@ -75,6 +90,13 @@ class Engine(Component, Protocol):
         self, captured: Sequence[str], requested: Sequence[str]
     ) -> list[Any]:
         """One store Difference per engine-changing argument a restore would change."""
+        ...
+
+    def engine_options_differences(
+        self, captured: Mapping[str, str], requested: Mapping[str, str]
+    ) -> list[Any]:
+        """One store Difference (`engine_options.<key>`) per bound option a restore would
+        change."""
         ...
 
     def wait_healthy(self, ctx: StepContext) -> StepResult:

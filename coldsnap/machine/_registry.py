@@ -48,6 +48,9 @@ class Entry:
     capabilities: frozenset[str] = frozenset()
     """What the component declares it can do, at registration: the request rules read these
     (REQUEST_RULES), never its name."""
+    cls: type | None = None
+    """The component's class, where it registered one: an engine's request checks
+    (`check_engine_args`, `check_engine_options`) are read from it without building it."""
 
 
 @frozen(kw_only=True)
@@ -126,11 +129,14 @@ class Registry:
     ) -> Entry:
         """An engine adapter and the specs it owns (sleep and wake: they act on a running
         engine's memory, whatever snapshotted it). With `cls`, every `engine.*` method its
-        specs name must exist on it; without, each must be declared on the engine protocol."""
+        specs name must exist on it; without, each must be declared on the engine protocol.
+        With `cls`, `check` also asks it about a request's engine arguments and options
+        (building an adapter imports the engine, which a check must not wait for); without,
+        they reach the engine's launcher unchecked here."""
         specs = {"sleep": sleep, "wake": wake}
         _check_owned("engine", name, specs, cls)
         return self._add(
-            Entry("engine", name, build, doc, _present(specs), frozenset(capabilities))
+            Entry("engine", name, build, doc, _present(specs), frozenset(capabilities), cls)
         )
 
     def register_store(self, name: str, *, build: StoreFactory, doc: str = "") -> Entry:
@@ -215,6 +221,7 @@ class Registry:
                 registered = ", ".join(known) or "none"
                 problems.append((kind, f"unknown {kind} '{value}' (registered: {registered})"))
         if not problems:
+            problems += _engine_problems(self.get("engine", request.engine).cls, request)
             problems += [p for rule in REQUEST_RULES for p in rule(self, request)]
         if problems:
             raise RequestError(problems)
@@ -247,6 +254,19 @@ class Registry:
                         f"entry point '{ep.name}' ({ep.value}) of {ENTRY_POINT_GROUP} failed: "
                         f"{type(exc).__name__}: {exc}"
                     ) from exc
+
+
+def _engine_problems(cls: type | None, request: Any) -> list[tuple[str, str]]:
+    """What the engine adapter's class says of the request's engine arguments and options (a
+    lifecycle request carries neither: its target's request was checked)."""
+    if cls is None:
+        return []
+    problems: list[tuple[str, str]] = []
+    if hasattr(request, "engine_args"):
+        problems += cls.check_engine_args(request.engine_args)
+    if hasattr(request, "engine_options"):
+        problems += cls.check_engine_options(request.engine_options)
+    return problems
 
 
 def _model_for_checkpoint(registry: Registry, request: Any) -> list[tuple[str, str]]:

@@ -48,6 +48,10 @@ def _as_timeouts(value: Mapping[str, float]) -> dict[str, float]:
     return dict(value)
 
 
+def _as_options(value: Mapping[str, str]) -> dict[str, str]:
+    return dict(value)
+
+
 @frozen(kw_only=True)
 class CaptureRequest:
     """Capture an engine serving `model` into a capsule in `store`."""
@@ -63,6 +67,11 @@ class CaptureRequest:
     name: str = ""
     engine: str = "sglang"
     engine_args: tuple[str, ...] = field(default=(), converter=_as_tuple)
+    engine_options: dict[str, str] = field(factory=dict, converter=_as_options)
+    """The engine's own knobs by name, as strings: the engine adapter says which it knows and
+    what each accepts (Registry.check asks it, naming `engine_options.<key>`), and writes every
+    one into the engine's environment itself, so the orchestrator's environment does not
+    decide them. The capsule binds them; admission compares them like engine_args."""
     tp: int = 1
     keep_source: bool = False
     serve_port: int | None = None
@@ -109,6 +118,9 @@ class RestoreRequest:
     model: ModelRef | None = field(default=None, converter=_from_hub_or_none)
     engine: str = "sglang"
     engine_args: tuple[str, ...] = field(default=(), converter=_as_tuple)
+    engine_options: dict[str, str] = field(factory=dict, converter=_as_options)
+    """The engine's own knobs by name (as CaptureRequest's): admission compares them with the
+    capture's, as it does engine_args."""
     tp: int | None = None
     """The tensor-parallel size the caller expects; when set, a capsule captured with another
     is refused at admission."""
@@ -148,9 +160,10 @@ class LifecycleRequest:
     spec seeds come from it. `workdir` is this operation's own (its journal and receipt; the
     command line puts it under `<target>/ops/`). `driver`, `provider` and `engine` are copied
     from the target's request (`coldsnap.machine.lifecycle_request`), so the registry builds
-    the same components and the Machine refuses others; so are `model` and `draft`, where a
-    step reads their checkpoints again (a wake from a pinned checkpoint verifies and reloads
-    it). Their paths are not required to exist here: a stop must work after a model is gone."""
+    the same components and the Machine refuses others; so are `engine_options` (the adapter
+    that started the engine is built again) and `model` and `draft`, where a step reads their
+    checkpoints again (a wake from a pinned checkpoint verifies and reloads it). Their paths
+    are not required to exist here: a stop must work after a model is gone."""
 
     KIND: ClassVar[str] = ""
     operation: ClassVar[str] = ""
@@ -162,6 +175,9 @@ class LifecycleRequest:
     engine: str = "sglang"
     model: ModelRef | None = None
     draft: ModelRef | None = None
+    engine_options: dict[str, str] = field(factory=dict, converter=_as_options)
+    """The target's engine options (copied like `engine`: the adapter built for a lifecycle
+    operation is the one that started the engine)."""
     timeouts: dict[str, float] = field(factory=dict, converter=_as_timeouts)
     format: int = REQUEST_FORMAT
     kind: str = ""
@@ -222,20 +238,12 @@ def _listen_problems(
     return problems
 
 
-_DRAFT_FLAGS = ("--speculative-draft-model-path", "--speculative-draft-model-revision")
-"""The draft model is the request's field `draft` (the capsule binds it), never engine_args."""
-
-
 def _draft_problems(request: CaptureRequest | RestoreRequest) -> list[tuple[str, str]]:
-    problems: list[tuple[str, str]] = []
-    if request.draft is not None:
-        problems += _model_problems("draft", request.draft)
-    named = sorted({a.split("=", 1)[0] for a in request.engine_args} & set(_DRAFT_FLAGS))
-    if named:
-        problems.append(
-            ("engine_args", f"{' and '.join(named)}: name the draft model in the field 'draft'")
-        )
-    return problems
+    """The draft model's own fields. Whether engine_args name a draft (or any other flag
+    coldsnap sets itself) is the engine adapter's to say: Registry.check asks it."""
+    if request.draft is None:
+        return []
+    return _model_problems("draft", request.draft)
 
 
 def _is_digest(value: str) -> bool:
@@ -247,7 +255,6 @@ def _common_problems(request: CaptureRequest | RestoreRequest) -> list[tuple[str
     for name in ("workdir", "store"):
         problems += _path_problems(name, getattr(request, name), must_exist=False)
     problems += _timeout_problems(request.timeouts)
-    problems += _owned_flag_problems(request)
     return problems
 
 
@@ -266,23 +273,6 @@ def _timeout_problems(timeouts: Mapping[str, float]) -> list[tuple[str, str]]:
         for step, seconds in timeouts.items()
         if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds <= 0
     ]
-
-
-_OWNED_FLAGS = ("--host", "--port")
-"""Engine flags coldsnap sets itself: one in engine_args would silently win over coldsnap's
-(the engine's argument parser takes the last), and coldsnap would poll the wrong port."""
-
-
-def _owned_flag_problems(request: CaptureRequest | RestoreRequest) -> list[tuple[str, str]]:
-    owned = sorted({a.split("=", 1)[0] for a in request.engine_args} & set(_OWNED_FLAGS))
-    if not owned:
-        return []
-    if request.operation == "restore":
-        use = "set the request's field 'port' instead"
-    else:
-        use = "a capture serves on a port coldsnap picks; set 'port' in the restore request"
-    verb = "are" if len(owned) > 1 else "is"
-    return [("engine_args", f"{' and '.join(owned)} {verb} coldsnap's to set: {use}")]
 
 
 def _model_problems(prefix: str, model: ModelRef) -> list[tuple[str, str]]:

@@ -134,6 +134,7 @@ def lifecycle_request(
         driver=journaled.driver,
         provider=journaled.provider,
         engine=journaled.engine,
+        engine_options=dict(journaled.engine_options),
         model=journaled.model,
         draft=journaled.draft,
         timeouts=dict(timeouts or {}),

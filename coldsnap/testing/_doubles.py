@@ -24,7 +24,7 @@ import itertools
 import json
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -449,6 +449,14 @@ class MemoryEngine(_Double):
             plugin_digest=_digest("memory-plugin"),
         )
 
+    @staticmethod
+    def check_engine_args(args: Sequence[str]) -> list[tuple[str, str]]:
+        return []  # the pretend engine takes every argument (and binds it: below)
+
+    @staticmethod
+    def check_engine_options(options: Mapping[str, str]) -> list[tuple[str, str]]:
+        return []  # the pretend engine takes every option
+
     def parse_command_line(self, argv: Sequence[str]) -> LaunchLine:
         raise CommandLineError([("command", "the in-memory engine has no launch command line")])
 
@@ -456,6 +464,16 @@ class MemoryEngine(_Double):
         self, captured: Sequence[str], requested: Sequence[str]
     ) -> list[Difference]:
         return differences(captured, requested)  # every argument binds
+
+    def engine_options_differences(
+        self, captured: Mapping[str, str], requested: Mapping[str, str]
+    ) -> list[Difference]:
+        keys = sorted(set(captured) | set(requested))  # every option binds
+        return [
+            Difference(f"engine_options.{k}", captured.get(k), requested.get(k))
+            for k in keys
+            if captured.get(k) != requested.get(k)
+        ]
 
     def _proc(self, ctx: StepContext) -> dict[str, Any]:
         return self.world.process(ctx.facts.get(s.ENGINE_PID.name))

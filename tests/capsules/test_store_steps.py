@@ -95,7 +95,11 @@ def model(tmp_path: Path) -> Path:
 
 
 def _capture_request(
-    tmp_path: Path, model: Path, name: str = "cap", engine_args: tuple[str, ...] = ()
+    tmp_path: Path,
+    model: Path,
+    name: str = "cap",
+    engine_args: tuple[str, ...] = (),
+    engine_options: dict[str, str] | None = None,
 ) -> SimpleNamespace:
     return SimpleNamespace(
         driver="n610",
@@ -106,6 +110,7 @@ def _capture_request(
         store=str(tmp_path / "store"),
         model=SimpleNamespace(id="org/toy", revision="r1", path=str(model)),
         engine_args=engine_args,
+        engine_options=dict(engine_options or {}),
     )
 
 
@@ -119,6 +124,7 @@ def _restore_request(tmp_path: Path, **changes: Any) -> SimpleNamespace:
         model=None,
         tp=None,
         engine_args=(),
+        engine_options={},
     )
     fields.update(changes)
     return SimpleNamespace(**fields)
@@ -139,6 +145,7 @@ def _seal(
     name: str = "cap",
     image: bytes = b"pages",
     engine_args: tuple[str, ...] = (),
+    engine_options: dict[str, str] | None = None,
 ) -> Ctx:
     op = tmp_path / f"op-{name}-{hashlib.sha256(image).hexdigest()[:16]}"
     facts: dict[str, Any] = {
@@ -154,7 +161,8 @@ def _seal(
     if payload:
         files = {"tp0/weights/index.json": b"{}", "tp0/weights/ab.pack": b"pack"}
         facts[s.PAYLOAD_DIR.name] = str(_tree(op / "payload", files))
-    ctx = Ctx(_capture_request(tmp_path, model, name, engine_args), op, facts, s.SEAL)
+    request = _capture_request(tmp_path, model, name, engine_args, engine_options)
+    ctx = Ctx(request, op, facts, s.SEAL)
     made = StoreArtifacts(Engine()).seal(ctx)
     declared = {f.name for f in s.SEAL.makes}
     assert set(made) | {k for r in ctx.recorded for k in r} == declared
@@ -510,6 +518,45 @@ def test_admit_takes_engine_args_that_differ_only_in_reporting(
     assert _admit(tmp_path, engine_args=asked).facts[s.IMAGE_DIR.name]
 
 
+CAPTURED_OPTIONS = {"cuda_graphs_in_saver": "1", "keep_residual": "0", "rank_timeout_s": "60"}
+
+
+@pytest.mark.parametrize(
+    ("asked", "field", "captured", "found"),
+    [
+        ({**CAPTURED_OPTIONS, "keep_residual": "1"}, "engine_options.keep_residual", False, True),
+        (
+            {"keep_residual": "0", "rank_timeout_s": "60"},
+            "engine_options.cuda_graphs_in_saver",
+            True,
+            False,
+        ),
+        (
+            {**CAPTURED_OPTIONS, "live_backing": "cpu"},
+            "engine_options.live_backing",
+            "discard",
+            "cpu",
+        ),
+    ],
+)
+def test_admit_refuses_engine_options_the_capsule_binds(
+    tmp_path: Path, model: Path, asked, field, captured, found
+) -> None:
+    _seal(tmp_path, model, payload=False, engine_options=CAPTURED_OPTIONS)
+    with pytest.raises(IncompatibleArtifact) as info:
+        _admit(tmp_path, engine_options=asked)
+    assert [(d.field, d.expected, d.found) for d in info.value.differences] == [
+        (field, captured, found)
+    ]
+    assert not (tmp_path / "res").exists()
+
+
+def test_admit_takes_the_same_engine_options_spelled_otherwise(tmp_path: Path, model: Path) -> None:
+    _seal(tmp_path, model, payload=False, engine_options=CAPTURED_OPTIONS)
+    asked = {"rank_timeout_s": "60.0", "keep_residual": "false", "cuda_graphs_in_saver": "on"}
+    assert _admit(tmp_path, engine_options=asked).facts[s.IMAGE_DIR.name]
+
+
 def test_a_capture_record_binds_its_engine_args_and_refuses_format_1(
     tmp_path: Path, model: Path
 ) -> None:
@@ -525,10 +572,28 @@ def test_a_capture_record_binds_its_engine_args_and_refuses_format_1(
     data = json.loads(to_json(record))
     assert read_record(json.dumps(data)) == record
     old = {k: v for k, v in data.items() if k != "engine_args"} | {"format": 1}
-    with pytest.raises(RecordError, match=r"format: expected one of \[2, 3\], found 1"):
+    with pytest.raises(RecordError, match=r"format: expected one of \[2, 3, 4\], found 1"):
         read_record(json.dumps(old))
     with pytest.raises(RecordError, match="engine_args: expected a list of strings"):
         read_record(json.dumps(data | {"engine_args": "--dtype float16"}))
+
+
+def test_a_capture_record_binds_its_engine_options_from_format_4() -> None:
+    import json
+
+    from coldsnap.artifacts import RecordError
+    from coldsnap.capsules import read_record
+
+    record = CaptureRecord(
+        driver="n610", provider="native", engine="toy", model_id="m", revision="r", facts={},
+        engine_options={"keep_residual": "0"},
+    )  # fmt: skip
+    data = json.loads(to_json(record))
+    assert data["format"] == 4 and read_record(json.dumps(data)) == record
+    with pytest.raises(RecordError, match="engine_options"):
+        read_record(json.dumps(data | {"format": 3}))
+    with pytest.raises(RecordError, match="engine_options"):
+        read_record(json.dumps(data | {"engine_options": {"keep_residual": 0}}))
 
 
 def test_discard_layout_undoes_admit_and_keeps_the_store(tmp_path: Path, model: Path) -> None:

@@ -9,6 +9,7 @@ import shutil
 import socket
 from pathlib import Path
 
+import attrs
 import pytest
 from click.testing import CliRunner, Result
 
@@ -18,10 +19,12 @@ from coldsnap.capsules import RECORD_NAME, CaptureRecord, read_record
 from coldsnap.cli import main
 from coldsnap.drivers.n610._driver import serve_on
 from coldsnap.engines.sglang import SGLangLauncher
-from coldsnap.machine import CaptureRequest, ModelRef, RequestError, RestoreRequest
+from coldsnap.machine import CaptureRequest, ModelRef, RequestError, RestoreRequest, WeightSource
 from tests._support import free_port
 
 from .test_restore_port import images  # noqa: F401  (a fixture)
+
+_PAYLOAD = WeightSource(source="payload", payload_dir="/capsule/payload")
 
 LAUNCH = ["python", "-m", "sglang.launch_server"]
 
@@ -44,9 +47,10 @@ def _publish(store: Store, tag: str, **kw: object) -> None:
     store.publish(Capsule(members=members, identity=None), tag=tag)
 
 
-def test_a_format_3_record_keeps_where_the_command_line_served() -> None:
+def test_a_record_from_format_3_keeps_where_the_command_line_served() -> None:
     record = _record(serve_port=30000, serve_host="0.0.0.0")
-    assert read_record(to_json(record)) == record and record.format == 3
+    assert read_record(to_json(record)) == record and record.format >= 3
+    assert read_record(to_json(attrs.evolve(record, format=3))).serve_port == 30000
 
 
 def test_a_format_2_record_is_still_read_and_cannot_carry_a_port() -> None:
@@ -145,7 +149,7 @@ def test_n580_builds_its_engine_on_the_request_s_host(tmp_path: Path) -> None:
         store=str(tmp_path / "store"), port=31234, host="0.0.0.0",
         model=ModelRef(id="tiny", revision="r1", path=str(tmp_path / "model")),
     )  # fmt: skip
-    command = SGLangLauncher().command(request, tmp_path / "op", provider="native")
+    command = SGLangLauncher().command(request, tmp_path / "op", weights=_PAYLOAD)
     try:
         assert command.url == "http://127.0.0.1:31234"
         assert command.argv[command.argv.index("--host") + 1] == "0.0.0.0"

@@ -79,7 +79,7 @@ def test_a_request_file_with_port_in_engine_args_is_refused_naming_the_field(tmp
     result = cli("restore", str(tmp_path / "req.json"))
     assert result.exit_code == 2
     assert "field 'engine_args': --port is coldsnap's to set" in result.stderr
-    assert "'port'" in result.stderr
+    assert "the request's host and port say where the engine listens" in result.stderr
 
 
 def _publish(

@@ -10,9 +10,10 @@ COLDSNAP_KEEP_RESIDUAL=0 a release and a recovery reload answer like it too, bec
 release stashes the target's buffers itself (what is left to the residual: a draft model's
 buffers, parameters no checkpoint holds). The same checkpoint in transformers shows that an
 unrestored cache would change the long prompt's answer, so the comparisons can fail. Then n610
-(with the disk backing) captures and restores with the recovery provider and answers like the
-cold start, token for token. (An n580 restore builds its engine with SGLang's own loader, which
-makes every tensor: no residual is involved; test_sglang_e2e.py's n580 recovery covers it.)
+(with the disk backing, an engine option) captures and restores with the recovery provider and
+answers like the cold start, token for token. (An n580 restore builds its engine with SGLang's
+own loader, which makes every tensor: no residual is involved; test_sglang_e2e.py's n580
+recovery covers it.)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from coldsnap import Machine
@@ -95,7 +97,7 @@ def cold(tied: Path, root: Path) -> dict[str, Any]:
         reference = _answers(server.url)
         with EngineClient(server.url, SGLANG_POLICY) as client:
             client.release([KV_CACHE, WEIGHTS])
-            write_plan(run, ResumePlan(provider="recovery", checkpoint=str(tied)))
+            write_plan(run, ResumePlan(source="checkpoint", checkpoint=str(tied)))
             client.resume([WEIGHTS, KV_CACHE])
         without = _answers(server.url)
         record = _scheduler(run)
@@ -157,22 +159,25 @@ def test_an_unrestored_rotary_cache_would_change_the_long_answer(
 
 
 def test_recovery_restores_answer_like_a_cold_start(
-    tied: Path, root: Path, cold: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    tied: Path, root: Path, cold: dict[str, Any]
 ) -> None:
     driver = "n610"
     base = root / driver
     base.mkdir()
     model = model_ref(tied, "tiny-llama-tied")
     proc = base / "proc"
-    # The engine inherits these: its release also writes its weights there.
-    monkeypatch.setenv("COLDSNAP_LIVE_BACKING", "disk")
-    monkeypatch.setenv("COLDSNAP_PROCESS_ARTIFACT_ROOT", str(proc))
+    # The engine's release also writes its weights there; the capsule binds the options, so the
+    # restore names them too.
+    options = {"live_backing": "disk", "process_artifact_root": str(proc)}
     try:
-        capture = capture_request(base, model, driver, "recovery", driver)
+        capture = capture_request(base, model, driver, "recovery", driver, engine_options=options)
         receipt = Machine.for_request(capture).capture(capture)
         assert receipt.ok, why(receipt)
         dirs, pids = watch(receipt)
-        restore = restore_request(base, model, driver, "recovery", driver, "res")
+        restore = attrs.evolve(
+            restore_request(base, model, driver, "recovery", driver, "res"),
+            engine_options=options,
+        )
         machine = Machine.for_request(restore)
         restored = machine.restore(restore)
         assert restored.ok, why(restored)

@@ -255,8 +255,8 @@ def test_graphs_only_with_the_graph_saver_on_cuda() -> None:
     assert engine.capabilities == frozenset()
 
 
-@pytest.mark.parametrize("saver", [None, "1"])
-def test_build_on_cuda_runs_the_memory_saver_and_claims_graphs_only_with_the_saver(
+@pytest.mark.parametrize("saver", [None, "0", "1"])
+def test_build_on_cuda_runs_the_memory_saver_and_claims_graphs_only_with_the_option(
     monkeypatch: pytest.MonkeyPatch, saver: str | None
 ) -> None:
     import torch
@@ -264,16 +264,15 @@ def test_build_on_cuda_runs_the_memory_saver_and_claims_graphs_only_with_the_sav
     from coldsnap.engines.sglang import build
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    if saver is None:
-        monkeypatch.delenv(GRAPH_SAVER_ENV, raising=False)
-    else:
-        monkeypatch.setenv(GRAPH_SAVER_ENV, saver)
-    engine = build(SimpleNamespace())
+    monkeypatch.setenv(GRAPH_SAVER_ENV, "1")  # the orchestrator's own: it decides nothing
+    options = {} if saver is None else {"cuda_graphs_in_saver": saver}
+    engine = build(SimpleNamespace(engine_options=options))
     assert engine.cuda is True
     assert "--enable-memory-saver" in engine.launcher.base_args
     assert engine.graphs is (saver == "1")
+    assert engine.launcher.base_env[GRAPH_SAVER_ENV] == ("1" if saver == "1" else "0")
     ranks = frozenset({"rank_reports"})
-    assert engine.capabilities == (frozenset({"cuda_graphs"}) | ranks if saver else ranks)
+    assert engine.capabilities == (frozenset({"cuda_graphs"}) | ranks if saver == "1" else ranks)
     prefill_off = "--cuda-graph-backend-prefill" in engine.launcher.base_args
     assert prefill_off is (saver == "1")
 

@@ -293,3 +293,18 @@ def test_seeds_are_for_lifecycle_specs_and_satisfy_needs() -> None:
     with pytest.raises(SpecError, match="uses fact 'runtime_dir', which no step of the spec"):
         Spec("stop-x", "stop", "x", [uses])
     Spec("stop-x", "stop", "x", [uses], seeds=(s.RUNTIME_DIR,))
+
+
+def test_a_lifecycle_request_carries_the_targets_engine_options(tmp_path) -> None:
+    """The adapter built for a stop, sleep or wake is the one that started the engine (its
+    options decide, for one, whether the graphs lie in the memory saver)."""
+    import attrs
+
+    world = MemoryWorld()
+    options = {"knob": "on"}
+    capture = capture_request(tmp_path, engine_options=options)
+    assert memory_machine(world, capture).capture(capture).ok
+    restore = attrs.evolve(restore_request(tmp_path), engine_options=options)
+    assert memory_machine(world, restore).restore(restore).ok
+    assert lifecycle_request("sleep", tmp_path / "res").engine_options == options
+    assert lifecycle_request("stop", tmp_path / "cap").engine_options == options

@@ -132,6 +132,49 @@ def test_for_request_builds_the_registered_components(tmp_path) -> None:
     assert world.capsules
 
 
+class _CheckingEngine:
+    """An engine class whose request checks the registry reads without building it."""
+
+    @staticmethod
+    def check_engine_args(args) -> list[tuple[str, str]]:
+        return [("engine_args", f"{a} is the engine's to refuse") for a in args if a == "--x"]
+
+    @staticmethod
+    def check_engine_options(options) -> list[tuple[str, str]]:
+        return [(f"engine_options.{k}", "is not an option") for k in options if k != "ok"]
+
+
+def _checking_registry() -> Registry:
+    registry = memory_registry(MemoryWorld())
+    registry.unregister("engine", "sglang")
+    registry.register_engine("sglang", build=_never_built, cls=_CheckingEngine)
+    return registry
+
+
+def _never_built(request):
+    raise AssertionError("a check builds no engine")
+
+
+def test_the_engine_class_checks_engine_args_without_being_built(tmp_path) -> None:
+    registry = _checking_registry()
+    registry.check(capture_request(tmp_path, engine_args=("--y",)))
+    with pytest.raises(RequestError) as info:
+        registry.check(capture_request(tmp_path, engine_args=("--y", "--x")))
+    assert info.value.problems == (("engine_args", "--x is the engine's to refuse"),)
+
+
+def test_the_engine_class_checks_engine_options_without_being_built(tmp_path) -> None:
+    registry = _checking_registry()
+    registry.check(capture_request(tmp_path, engine_options={"ok": "1"}))
+    with pytest.raises(RequestError) as info:
+        registry.check(capture_request(tmp_path, engine_options={"ok": "1", "nope": "2"}))
+    assert info.value.fields == ("engine_options.nope",)
+
+
+def test_an_engine_registered_without_a_class_is_not_asked(tmp_path) -> None:
+    memory_registry(MemoryWorld()).check(capture_request(tmp_path, engine_args=("--x",)))
+
+
 # -- entry points -------------------------------------------------------------------------------
 
 CALLS: list[str] = []

@@ -81,7 +81,7 @@ def test_a_request_names_its_draft_strictly(models: SimpleNamespace) -> None:
     fields = [f for f, _ in err.value.problems]
     assert "draft.revision" in fields and "draft.path" in fields
     with pytest.raises(RequestError, match=r"engine_args.*in the field 'draft'"):
-        capture(models, engine_args=("--speculative-draft-model-path=/m/d",))
+        REGISTRY.check(capture(models, engine_args=("--speculative-draft-model-path=/m/d",)))
     restore = RestoreRequest(
         driver="n580",
         provider="recovery",

@@ -8,7 +8,6 @@ files of coldsnap._wire.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from coldsnap.machine import Registry
@@ -28,10 +27,17 @@ from ._launcher import (
     memory_saver_preload,
     tp_size,
 )
+from ._options import (
+    GRAPH_SAVER_ENV,
+    OPTIONS,
+    EngineOptionsError,
+    SGLangOptions,
+    check_engine_options,
+    parse_options,
+)
 from ._policy import SGLANG_POLICY
 from ._specs import SLEEP, WAKE
 from ._steps import (
-    GRAPH_SAVER_ENV,
     Identity,
     SGLangEngine,
     scheduler_records,
@@ -45,28 +51,38 @@ GRAPH_SAVER_ARGS = ("--cuda-graph-backend-prefill", "disabled")
 
 
 def build(request: Any) -> SGLangEngine:
-    """The SGLang adapter for `request` on this host. With CUDA: SGLang with the memory saver
-    (`CUDA_ARGS`); with SGLANG_MEMORY_SAVER_CUDA_GRAPH=1 in this environment also its CUDA
-    graphs (then the graph steps run, and prefill graphs are off: `GRAPH_SAVER_ARGS`); without
-    it graphs stay in the image and no graph step is in the spec. Without CUDA it serves on
-    SGLang's CPU platform (`cpu.CPU_ARGS`, `cpu.cpu_env`), and the CPU support is activated in
-    this process too: `build()` imports SGLang for the contract digest.
+    """The SGLang adapter for `request` on this host, with the request's engine options
+    (`engine_options`; none for a request without them, such as the command line's reading of
+    a launch line). With CUDA: SGLang with the memory saver (`CUDA_ARGS`); with the option
+    `cuda_graphs_in_saver` also its CUDA graphs (then the graph steps run, and prefill graphs
+    are off: `GRAPH_SAVER_ARGS`); without it graphs stay in the image and no graph step is in
+    the spec. Without CUDA it serves on SGLang's CPU platform (`cpu.CPU_ARGS`, `cpu.cpu_env`),
+    and the CPU support is activated in this process too: `build()` imports SGLang for the
+    contract digest; graphs in the memory saver are refused there (EngineOptionsError).
     """
     import torch
 
+    options = parse_options(getattr(request, "engine_options", None))
     if torch.cuda.is_available():
-        graph_saver = os.environ.get(GRAPH_SAVER_ENV) == "1"
+        graph_saver = options.cuda_graphs_in_saver
         args = (*CUDA_ARGS, *(GRAPH_SAVER_ARGS if graph_saver else ()))
-        env = {GRAPH_SAVER_ENV: "1"} if graph_saver else {}
         launcher = SGLangLauncher(
             args,
-            env,
+            {GRAPH_SAVER_ENV: "1" if graph_saver else "0"},
             context_free_preload=CUDA_TEMPLATE_PRELOAD,
             template_env=memory_saver_preload(),
+            options=options,
         )
         return SGLangEngine(launcher, cuda=True, graphs=graph_saver, rank_reports=True)
+    if options.cuda_graphs_in_saver:
+        raise EngineOptionsError(
+            "engine_options.cuda_graphs_in_saver: needs CUDA (this host serves on SGLang's CPU "
+            "platform, which captures no CUDA graphs)"
+        )
     cpu.activate()
-    launcher = SGLangLauncher((*cpu.CPU_ARGS, *cpu.CPU_MEMORY_ARGS), cpu.cpu_env({}), cpu=True)
+    launcher = SGLangLauncher(
+        (*cpu.CPU_ARGS, *cpu.CPU_MEMORY_ARGS), cpu.cpu_env({}), cpu=True, options=options
+    )
     return SGLangEngine(launcher, rank_reports=True)
 
 
@@ -88,16 +104,20 @@ __all__ = [
     "CUDA_TEMPLATE_PRELOAD",
     "GRAPH_SAVER_ARGS",
     "GRAPH_SAVER_ENV",
+    "OPTIONS",
     "RUNTIME_ROOT",
     "SGLANG_POLICY",
     "EngineArgsError",
+    "EngineOptionsError",
     "Identity",
     "SGLangCommandLine",
     "SGLangEngine",
     "SGLangLauncher",
+    "SGLangOptions",
     "TopologyArgsError",
     "build",
     "check_engine_args",
+    "check_engine_options",
     "coldsnap_env",
     "cpu",
     "cpu_binding",
@@ -105,6 +125,7 @@ __all__ = [
     "free_port",
     "installed_sglang",
     "parse_command_line",
+    "parse_options",
     "register",
     "scheduler_records",
     "tp_size",

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from coldsnap._errors import RefusedError
 from coldsnap.artifacts import Difference
 from coldsnap.engines._args import differences
 from coldsnap.machine import CommandLineError, LaunchLine
+
+from ._options import check_engine_options, options_differences
 
 MODULE = "sglang.launch_server"
 MODEL_FLAGS = ("--model-path", "--model")
@@ -202,9 +204,17 @@ def check_engine_args(args: Sequence[str]) -> list[tuple[str, str]]:
 class SGLangCommandLine:
     """The launch-line policy as the engine adapter's methods (`SGLangEngine` inherits them)."""
 
-    def check_engine_args(self, args: Sequence[str]) -> list[tuple[str, str]]:
-        """(field, why) for every engine argument of a request coldsnap cannot pass on."""
+    @staticmethod
+    def check_engine_args(args: Sequence[str]) -> list[tuple[str, str]]:
+        """(field, why) for every engine argument of a request coldsnap cannot pass on (static:
+        the registry asks the class before building an adapter)."""
         return check_engine_args(args)
+
+    @staticmethod
+    def check_engine_options(options: Mapping[str, str]) -> list[tuple[str, str]]:
+        """(`engine_options.<key>`, why) for every option SGLang's adapter does not know or
+        whose value it cannot take (static, as check_engine_args)."""
+        return check_engine_options(options)
 
     def parse_command_line(self, argv: Sequence[str]) -> LaunchLine:
         """The user's launch command line as a capture request's fields."""
@@ -215,6 +225,12 @@ class SGLangCommandLine:
     ) -> list[Difference]:
         """The engine-changing arguments a restore would change, each a Difference."""
         return differences(captured, requested, may_differ=ALLOWED | frozenset(OWNED))
+
+    def engine_options_differences(
+        self, captured: Mapping[str, str], requested: Mapping[str, str]
+    ) -> list[Difference]:
+        """The engine options a restore would change (every option binds: _options)."""
+        return options_differences(captured, requested)
 
 
 __all__ = [

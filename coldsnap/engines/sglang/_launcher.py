@@ -24,6 +24,7 @@ from coldsnap._wire import EngineSettings
 from coldsnap.machine import LaunchCommand, WeightSource, WeightSourceError
 
 from ._cmdline import TP_FLAGS, EngineArgsError, check_engine_args
+from ._options import GRAPH_SAVER_ENV, SGLangOptions
 
 RUNTIME_ROOT = ENGINES_ROOT
 CPU_BIND_VARIABLE = "SGLANG_CPU_OMP_THREADS_BIND"
@@ -114,15 +115,26 @@ def export_dir(runtime_dir: Path) -> Path:
     return runtime_dir / "payload"
 
 
-def coldsnap_env(request: Any, weights: WeightSource, runtime_dir: Path) -> dict[str, str]:
+def coldsnap_env(
+    request: Any,
+    weights: WeightSource,
+    runtime_dir: Path,
+    options: SGLangOptions | None = None,
+) -> dict[str, str]:
     """The COLDSNAP_* variables of an engine (coldsnap._wire.EngineSettings): a capture from a
     payload source exports the payload on release, and every capture publishes its graph
     shapes; an engine constructed at restore (n580) starts from the payload (hydrated at load,
     verified already where the provider says so) or the checkpoint. The request's
-    `async_cuda_graphs` defers the decode graphs."""
-    settings = EngineSettings(
-        runtime_dir=runtime_dir,
-        async_cuda_graphs=bool(getattr(request, "async_cuda_graphs", False)),
+    `async_cuda_graphs` defers the decode graphs. The engine options (the request's, parsed
+    by the adapter; none: their defaults) are written explicitly, each one, with SGLang's
+    graph variable: the engine inherits the orchestrator's environment, which must not decide
+    them."""
+    options = options or SGLangOptions()
+    settings = options.settings(
+        EngineSettings(
+            runtime_dir=runtime_dir,
+            async_cuda_graphs=bool(getattr(request, "async_cuda_graphs", False)),
+        )
     )
     if request.operation == "capture":
         # the graph shapes warmed before the snapshot are published, and the capsule binds them
@@ -143,7 +155,7 @@ def coldsnap_env(request: Any, weights: WeightSource, runtime_dir: Path) -> dict
                 artifact_dir=Path(weights.payload_dir),
                 artifact_preverified=weights.preverified,
             )
-    return settings.to_env()
+    return {**settings.to_env(), **options.env()}
 
 
 class SGLangLauncher:
@@ -161,7 +173,10 @@ class SGLangLauncher:
     template's environment adds to the engine's (the memory saver's hook on CUDA).
 
     The request's `tp` becomes `--tp-size` (never the engine arguments: TopologyArgsError);
-    `cpu` says the engine runs on SGLang's CPU platform, whose ranks need a thread binding."""
+    `cpu` says the engine runs on SGLang's CPU platform, whose ranks need a thread binding;
+    `options` are the request's engine options, which every command writes (`coldsnap_env`),
+    and GRAPH_SAVER_ENV is always written (0 unless `base_env` says 1: the adapter's build
+    decides it from the option `cuda_graphs_in_saver`), never inherited."""
 
     module = "sglang.launch_server"
     # What an n580 template imports before it is dumped: the engine's heavy modules.
@@ -192,7 +207,9 @@ class SGLangLauncher:
         cpu: bool = False,
         context_free_preload: tuple[str, ...] | None = None,
         template_env: Mapping[str, str] | None = None,
+        options: SGLangOptions | None = None,
     ) -> None:
+        self.options = options or SGLangOptions()
         self.base_args = tuple(base_args)
         self.template_env = dict(template_env or {})
         self.base_env = {**(base_env or {}), "SGLANG_PLUGINS": "coldsnap"}
@@ -235,7 +252,8 @@ class SGLangLauncher:
             argv += ["--load-format", "dummy"]
         if restoring and self.module == SGLangLauncher.module:
             argv += [a for a in self.restore_args if a not in argv]
-        env = {**self.base_env, **tp_env, **coldsnap_env(request, weights, runtime_dir)}
+        env = {GRAPH_SAVER_ENV: "0", **self.base_env, **tp_env,
+               **coldsnap_env(request, weights, runtime_dir, self.options)}  # fmt: skip
         dial = "127.0.0.1" if host in ("0.0.0.0", "localhost") else host  # a wildcard bind
         return LaunchCommand(argv=argv, env=env, url=f"http://{dial}:{port}")
 

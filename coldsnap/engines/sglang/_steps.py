@@ -40,6 +40,7 @@ from coldsnap.machine import steps as s
 from ._build import installed_sglang
 from ._cmdline import SGLangCommandLine
 from ._launcher import export_dir
+from ._options import GRAPH_SAVER_ENV
 from ._policy import SGLANG_POLICY
 from ._ranks import (
     RankReport,
@@ -55,9 +56,6 @@ Identity = Callable[[], InstalledBuild]
 """() -> the engine installed here, by value: what the store binds into capsules."""
 
 _LOG_TAIL_CHARS = 4000
-GRAPH_SAVER_ENV = "SGLANG_MEMORY_SAVER_CUDA_GRAPH"
-"""With it set to 1, SGLang captures CUDA graphs inside the memory saver's `cuda_graph` region, so
-releasing that tag frees the graphs' memory; without it nothing is tagged `cuda_graph`."""
 HTTP_PROCESS = "main"  # the HTTP server's status record (coldsnap.plugin._install.process_role)
 
 
@@ -594,8 +592,8 @@ def _check_release(runtime_dir: Path, started: float, *, cuda: bool) -> int:
         residual += int(report.residual_device_bytes or 0)
     if problems:
         hint = (
-            "; start SGLang with --enable-memory-saver (COLDSNAP_LIVE_BACKING discard or disk), "
-            "or the capture would seal weights and KV into the image"
+            "; start SGLang with --enable-memory-saver (engine option live_backing discard or "
+            "disk), or the capture would seal weights and KV into the image"
             if cuda
             else ""
         )
