@@ -82,6 +82,7 @@ class N580Driver:
         command = LaunchCommand(
             argv=(
                 self.python,
+                "-P",  # the working directory is not on its import path (the launcher's reason)
                 "-m",
                 "coldsnap.drivers.n580._template",
                 "--control",
@@ -184,17 +185,18 @@ class N580Driver:
                 request = attrs.evolve(request, tp=captured_tp)
         engine = self.launcher.command(request, ctx.workdir, weights=launch_weights(ctx))
         argv = list(engine.argv)
-        if len(argv) < 3 or argv[1] != "-m":
+        at = argv.index("-m") if "-m" in argv[1:3] else -1  # interpreter flags may stand before
+        if at < 1 or len(argv) < at + 2:
             raise ComponentError(
-                f"the launcher's engine command must be 'python -m MODULE ...' for n580 (the "
-                f"template runs the module), got {argv[:3]}"
+                f"the launcher's engine command must be 'python [-FLAG] -m MODULE ...' for n580 "
+                f"(the template runs the module), got {argv[:4]}"
             )
         control = Path(ctx.facts["control_dir"])
         order = {
             "format": 1,
             "kind": "coldsnap.template-release",
-            "module": argv[2],
-            "args": argv[3:],
+            "module": argv[at + 1],
+            "args": argv[at + 2 :],
             "env": engine.env,
             "cwd": engine.cwd,
         }

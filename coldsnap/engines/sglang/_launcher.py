@@ -33,7 +33,7 @@ CPU_BIND_VARIABLE = "SGLANG_CPU_OMP_THREADS_BIND"
 CPU_RANKS_ARGS: tuple[str, ...] = ("--sleep-on-idle",)
 # SGLang (0.5.17 measured on the H200) creates a CUDA context while it is imported:
 # sglang.srt.utils.common resolves the platform with torch.cuda.is_available() and imports
-# sgl_kernel, which asks for the current device (docs/qualification.md, run 7). An n580 template
+# sgl_kernel, which asks for the current device (docs/qualification.md). An n580 template
 # must hold no device state, so on a CUDA host it imports only what never touches the device.
 CUDA_TEMPLATE_PRELOAD: tuple[str, ...] = ("torch", "transformers")
 MEMORY_SAVER_HOOK = "torch_memory_saver_hook_mode_preload"
@@ -46,7 +46,7 @@ def memory_saver_preload() -> dict[str, str]:
     SGLang puts the hook on LD_PRELOAD only while it spawns its schedulers; a scheduler forked
     from an n580 template's forkserver is never exec'd, so the hook must already be loaded in
     the forkserver, which inherits the template's environment (measured on the H200: without
-    it a release freed nothing, docs/qualification.md run 8)."""
+    it a release freed nothing)."""
     from torch_memory_saver.utils import get_binary_path_from_package
 
     hook = str(get_binary_path_from_package(MEMORY_SAVER_HOOK))
@@ -242,7 +242,10 @@ class SGLangLauncher:
         host = getattr(request, "host", None) or "127.0.0.1"
         restoring = request.operation == "restore"
         tp_args, tp_env = self.topology(tp_size(request))
-        argv = [sys.executable, "-m", self.module, "--model-path", request.model.path,
+        # -P: the engine inherits the orchestrator's working directory, and `python -m` would
+        # put it first on the import path: run from a checkout, the engine would import that
+        # checkout's coldsnap plugin instead of the one installed beside the orchestrator.
+        argv = [sys.executable, "-P", "-m", self.module, "--model-path", request.model.path,
                 "--host", host, "--port", str(port), *self.base_args, *tp_args,
                 *request.engine_args]  # fmt: skip
         draft = getattr(request, "draft", None)
