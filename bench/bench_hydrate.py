@@ -12,8 +12,9 @@ then fills the same, already-touched destination tensors five ways, interleaved:
   safetensors         safetensors.torch.load_file + copy_ into the destination
 
 and prints the median time, GiB/s, the ratio to the baseline's speed (memcpy on CPU) and to
-safetensors' (the best unverified alternative). Goals: native >= 0.8 of memcpy (issue 3);
-native with verification >= 1.0 of safetensors (issue 17). Load average before and after.
+safetensors' (the best unverified alternative). Goals: native >= 0.8 of memcpy;
+native with verification >= 1.0 of safetensors (docs/performance.md). Load average
+before and after.
 
     .venv/bin/python bench/bench_hydrate.py [--gib 2] [--reps 5] [--threads N] [--dir DIR]
         [--device cuda]   # GPU destination; the baseline is then a pinned host-to-device copy

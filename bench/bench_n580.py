@@ -1,4 +1,4 @@
-"""Where an n580 restore's time goes (issue 17): a real SGLang server on CPU, captured with n580,
+"""Where an n580 restore's time goes: a real SGLang server on CPU, captured with n580,
 restored `--runs` times, each restore timed step by step (the receipt) and inside
 `release_template` / `wait_healthy` by the engine's own log (each line stamped when it appears),
 against a cold start in every round (interleaved, medians).

@@ -2,7 +2,7 @@
 and against the seal as it was before (one file after another, then a second pass for the image's
 blocks), side by side in one run.
 
-A synthetic capture shaped like the H200's (issue 17: a 5.0 GB CRIU image of a few large
+A synthetic capture shaped like the H200's (a 5.0 GB CRIU image of a few large
 pages-*.img files and many small ones, an 8.5 GB native payload of one pack and its index; here
 scaled to `--gib`) is written fresh before every repetition, so it is in the page cache and dirty,
 as CRIU and the exporter leave it. Each repetition then seals it one of these ways, interleaved:

@@ -11,7 +11,7 @@ request (the restored one must equal the cold one token for token), then
 `python -m sglang.benchmark.serving --backend sglang --dataset-name random-ids --flush-cache`
 runs against it (random token ids: no dataset download), and the memory of its process tree
 is read from /proc before and after (RSS summed, PSS summed, private bytes). The report gives
-medians, min-max and the restored/cold ratio of each; issue 17's goals are throughput >= 0.95
+medians, min-max and the restored/cold ratio of each; the goals are throughput >= 0.95
 and RSS <= 1.05 of the cold server's. Run it alone on the machine (flock the server lock).
 """
 

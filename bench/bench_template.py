@@ -10,7 +10,7 @@ A restore counts as done when the restored template, released into a no-op modul
 
 `--launch` times what a capture's `launch_template` waits for instead: SGLang's template
 imports (SGLangLauncher.template_preload) and its forkserver's (forkserver_preload), with the
-forkserver started after the template's imports (as before issue 17's change) against started
+forkserver started after the template's imports (as it was before) against started
 beside them (`_forkserver.begin` ... `ready`, what the template does now), interleaved.
 """
 

@@ -46,7 +46,7 @@ SIZES: dict[str, _Size] = {
     "small": _Size(hidden=1024, intermediate=4096, layers=8, heads=16, kv_heads=8, vocab=1000),
     # ~1.26 G parameters = ~2.35 GiB of bf16: the GPU qualification's model of "at least 2 GiB".
     "2g": _Size(hidden=2048, intermediate=8192, layers=20, heads=16, kv_heads=8, vocab=1000),
-    # ~4.26 G parameters = ~7.94 GiB of bf16: issue 17's "about 8 GiB of weights" on the H200.
+    # ~4.26 G parameters = ~7.94 GiB of bf16: the "about 8 GiB of weights" restored on the H200.
     "8g": _Size(hidden=4096, intermediate=11008, layers=24, heads=32, kv_heads=8, vocab=1000),
 }
 

@@ -1,7 +1,7 @@
 """Files outside the image that a restore needs, saved with the image and put back each time.
 
 CRIU keeps only the path and size of a regular file a process has open or mapped; the file
-itself must be there at restore. Two kinds bite a real SGLang tree (sglang-criu-facts.md):
+itself must be there at restore. Two kinds bite a real SGLang tree:
 - /dev/shm files such as `sglang_loads_<id>.shm` (a flock'ed shared map): tmpfs, gone after a
   reboot, and their content at restore should be the content at dump;
 - `/dev/shm/link_remap.N`: hard links CRIU makes for deleted files (`--link-remap`). A restore

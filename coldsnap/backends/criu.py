@@ -1,11 +1,11 @@
 """CRIU as a backend: dump a process tree to an image directory, restore it, many times.
 
-Driven through the `criu` command line with subprocess, not CRIU's RPC (criu-facts.md): the
+Driven through the `criu` command line with subprocess, not CRIU's RPC: the
 CLI is the simplest interface and is safe to call from a multithreaded controller (nothing
 forks our process); pycriu, the RPC's Python side, is not on PyPI, and `criu service` rejects
 options a restore may need. Each call gets CRIU's full log (-v4) in its directory.
 
-The defaults are what a real SGLang tree needs (sglang-criu-facts.md):
+The defaults are what a real SGLang tree needs (docs/criu.md):
 `--tcp-established` (TCPStore's loopback connection), `--network-lock skip` (no iptables/nft
 here; safe when both ends are inside the frozen tree), `--link-remap` (deleted POSIX semaphore
 files) and `--file-locks` (the scheduler flocks a /dev/shm file now and then), on dump and

@@ -1,7 +1,7 @@
 """The CUDA driver's process checkpoint API as a backend (cuda-bindings, no cuda-checkpoint binary).
 
 A controller process moves another process's GPU state into that process's own host memory
-(checkpoint) and back (restore) with `cuCheckpointProcess*` (gpu-facts.md). The controller
+(checkpoint) and back (restore) with `cuCheckpointProcess*` (measured on an H200). The controller
 needs only `cuInit(0)`: no context, no device memory. The target goes
 RUNNING -> lock -> LOCKED -> checkpoint -> CHECKPOINTED -> restore -> LOCKED -> unlock -> RUNNING;
 a LOCKED process blocks in its next CUDA call, so one must never be left locked.

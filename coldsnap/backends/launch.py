@@ -1,6 +1,6 @@
 """Starting a process so that CRIU can snapshot it and restore it many times.
 
-What a snapshot target needs (criu-facts.md, sglang-criu-facts.md):
+What a snapshot target needs (measured with CRIU on real SGLang trees):
 - its own session and no terminal (else CRIU needs --shell-job and restores into our tty);
 - stdin from /dev/null and stdout/stderr opened in append mode: with a truncating open, a
   restore fails once the log grew after the dump ("File ... has bad size");

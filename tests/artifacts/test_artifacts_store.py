@@ -400,7 +400,7 @@ def test_damaged_capsule_manifests_are_refused(damage):
     assert info.value.fields == (named[what],), str(info.value)
 
 
-# -- issue 16, item 4: verify sees what is missing or stray; gc and publish fail clearly -------
+# -- verify sees what is missing or stray; gc and publish fail clearly -----------------------------
 
 
 def _published(tmp_path: Path) -> tuple[Store, str, Capsule]:

@@ -1,4 +1,4 @@
-"""Sealing at disk/CPU speed (issue 17): `Store.take` reads each byte once for the object's name
+"""Sealing at disk/CPU speed: `Store.take` reads each byte once for the object's name
 and its block digests (moving a file on the store's filesystem, copying one from elsewhere in
 the kernel first), and the seal takes many files at once. What the store guarantees stays:
 objects named by the sha256 of their bytes, block digests as a separate pass would compute

@@ -321,7 +321,7 @@ def test_layout_fails_on_any_other_link_error(linked: Any, tmp_path: Path, monke
         _steps._link_tree(store, members, "image", tmp_path / "out")
 
 
-# -- issue 16: every image member verified at admission (item 2); the request's model and
+# -- every image member verified at admission; the request's model and
 # topology compared with what the capsule binds (item 10) -------------------------------------
 
 

@@ -93,7 +93,7 @@ def test_a_bad_request_file_names_the_field(tmp_path: Path) -> None:
     assert not (tmp_path / "rel").exists()
 
 
-# -- exit codes and errors (issue 16, item 9) ---------------------------------------------------
+# -- exit codes and errors -------------------------------------------------------------------------
 
 
 def _one_line_error(result: Any) -> str:

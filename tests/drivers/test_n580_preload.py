@@ -1,6 +1,6 @@
 """n580 on CUDA: the memory saver's allocator hook must be loaded in the template's forkserver.
 
-On the H200 (docs/qualification.md, run 8) a capture through n580 refused at release_memory:
+On the H200 a capture through n580 once refused at release_memory:
 SGLang puts the hook on LD_PRELOAD only while it spawns a scheduler, and a scheduler forked from
 the template's forkserver is never exec'd, so nothing was in the memory saver's regions."""
 

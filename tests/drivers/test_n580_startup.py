@@ -1,4 +1,4 @@
-"""What makes an n580 capture and restore start faster (issue 17, bench/bench_n580.py): the
+"""What makes an n580 capture and restore start faster (bench/bench_n580.py): the
 template's forkserver imports beside the template instead of after it, and a restored engine
 skips SGLang's server warmup (its acceptance request proves generation)."""
 

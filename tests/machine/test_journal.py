@@ -1,6 +1,6 @@
 """The journal and the workdir it lives in: torn and damaged lines, unknown steps, an end record
 without a receipt, one orchestrator per workdir, and what a journal says about the components
-(and whether the operation was a dry run) that resume must match (issue 16, items 1, 3, 6, 7)."""
+(and whether the operation was a dry run) that resume must match."""
 
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ def test_a_receipt_with_an_unknown_or_coerced_field_is_a_journal_error(tmp_path)
         _machine(world, tmp_path).resume(tmp_path / "cap")
 
 
-# -- malformed journals and requests, generated (a start on the campaign of issue 16) ---------
+# -- malformed journals and requests, generated ----------------------------------------------------
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402

@@ -1,4 +1,4 @@
-"""Settings that change what the scheduler hooks do (issue 15, item 5), on fakes:
+"""Settings that change what the scheduler hooks do on fakes:
 COLDSNAP_LIVE_BACKING (what released weights keep, and where), COLDSNAP_PROCESS_ARTIFACT_ROOT
 (where the disk backing writes), COLDSNAP_SGLANG_RECOVERY_LOAD_FORMAT (what a recovery's
 checkpoint must hold), COLDSNAP_ARTIFACT_PREVERIFIED (passed to every hydration) and

@@ -321,7 +321,7 @@ def test_provider_errors_are_operation_errors():
     assert issubclass(RegistrationRefused, ProviderError)
 
 
-# -- issue 16, item 5: a FIFO for a pack, a pack changed after verification -------------------
+# -- a FIFO for a pack, a pack changed after verification ------------------------------------------
 
 
 def _copy_of(exported: Path, tmp_path: Path) -> Path:
