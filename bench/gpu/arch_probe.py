@@ -591,6 +591,7 @@ class Run:
         from coldsnap import CaptureRequest, ModelRef
         from coldsnap.backends import launch
         from coldsnap.engines.sglang import build
+        from coldsnap.machine import WeightSource
 
         rec: dict[str, Any] = {}
         path = self.models / arch
@@ -604,7 +605,8 @@ class Run:
             driver="n610", provider="native", engine="sglang", model=ref,
             workdir=str(work), store=str(self.root / "store"), name=arch, engine_args=ENGINE_ARGS,
         )  # fmt: skip
-        command = build(request).launcher.command(request, work, provider="native")
+        weights = WeightSource(source="payload")  # the capture exports on release
+        command = build(request).launcher.command(request, work, weights=weights)
         rec["argv"] = command.argv
         log = work / "engine.log"
         self.logs.append(log)

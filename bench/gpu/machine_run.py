@@ -32,7 +32,7 @@ from coldsnap.engines.sglang import (  # noqa: E402
     coldsnap_env,
     free_port,
 )
-from coldsnap.machine import REGISTRY, LaunchCommand  # noqa: E402
+from coldsnap.machine import REGISTRY, InstalledBuild, LaunchCommand  # noqa: E402
 from coldsnap.providers._steps import NativeProvider  # noqa: E402
 
 POLICY = EnginePolicy(name="workload")
@@ -87,7 +87,12 @@ def main() -> None:
         # cuda=False: the stand-in workload writes no plugin measurement of its release, so the
         # engine does not check residency (the real SGLang harness, sglang_machine.py, does).
         name="workload",
-        identity=lambda: ("workload", "1", "sha256:" + hashlib.sha256(source).hexdigest()),
+        identity=lambda: InstalledBuild(
+            engine="workload",
+            version="1",
+            contract="sha256:" + hashlib.sha256(source).hexdigest(),
+            plugin_digest="sha256:" + hashlib.sha256(source).hexdigest(),
+        ),
     )
     # Requests name registered engines only: register this one for the run.
     REGISTRY.register_engine("workload", build=lambda request: engine)

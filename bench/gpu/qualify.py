@@ -381,7 +381,7 @@ class Qualify:
                 stage["verify_s"] = verify_pack(PackDirectory(pack_dir(payload, 0, "target")))
             write_plan(
                 Path(self.env_runtime(size)),
-                ResumePlan(provider="native", payload_dir=str(payload), preverified=preverified),
+                ResumePlan(source="payload", payload_dir=str(payload), preverified=preverified),
             )
             tree, info = self.restore(images, label, capture.get("cuda_pids", []))
             info["stage"] = stage

@@ -175,12 +175,13 @@ class Run:
         --naive, that server is then snapshotted whole (`naive`) instead of stopped."""
         from coldsnap.backends import launch
         from coldsnap.engines.sglang import build
+        from coldsnap.machine import WeightSource
 
         request = self.capture_request("n610-native")
         engine = build(request)
         workdir = self.root / "cold"
         workdir.mkdir(parents=True, exist_ok=True)
-        command = engine.launcher.command(request, workdir, provider="native")
+        command = engine.launcher.command(request, workdir, weights=WeightSource(source="payload"))
         t0 = time.perf_counter()
         launched = launch(
             command.argv, log_path=workdir / "engine.log", env={**os.environ, **command.env},

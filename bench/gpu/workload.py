@@ -375,8 +375,8 @@ class Workload:
             plan = read_plan(Path(runtime))
         except PlanError as exc:
             return {"skipped": str(exc)}
-        if plan.provider != "native" or not plan.payload_dir:
-            return {"skipped": f"provider {plan.provider}"}
+        if plan.source != "payload" or not plan.payload_dir:
+            return {"skipped": f"source {plan.source}"}
         source = PackDirectory(pack_dir(plan.payload_dir, 0, "target"))
         verify = not plan.preverified
         method = self.args.hydrate if self.device.type == "cuda" else "ring"

@@ -34,6 +34,8 @@ from coldsnap.artifacts import (
     tree_digest,
 )
 
+pytestmark = pytest.mark.xdist_group("host")
+
 
 def _write_checkpoint(root: Path) -> None:
     (root / "sub").mkdir(parents=True)

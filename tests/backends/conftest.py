@@ -21,6 +21,7 @@ from coldsnap.backends import (
     reap_children,
     stop_tree,
 )
+from tests._support import missing
 
 TARGETS = Path(__file__).with_name("targets")
 
@@ -41,7 +42,7 @@ def criu() -> Criu:
     found = Criu()
     problem = found.problem()
     if problem:
-        pytest.skip(f"no usable CRIU >= 4.2: {problem}")
+        missing("criu", f"no usable CRIU >= 4.2: {problem}")
     return found
 
 

@@ -30,7 +30,7 @@ from tests._support import free_port
 
 from .conftest import ask, target, wait_for_line
 
-pytestmark = pytest.mark.criu
+pytestmark = [pytest.mark.criu, pytest.mark.xdist_group("host")]
 STATE_MB = 200
 REPORT = r"report pid=(\d+) count=(\d+) checksum=(\d+)"
 

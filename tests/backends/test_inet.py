@@ -32,13 +32,9 @@ from tests._support import free_port
 
 from .conftest import target, wait_for_line
 
+pytestmark = pytest.mark.xdist_group("host")
+
 MAGIC = struct.pack("<II", 0x54564319, 0x56303138)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- the wire format ----------------------------------------------------------------------------

@@ -17,6 +17,8 @@ from click.testing import CliRunner, Result
 from coldsnap.backends import Criu, CudaCheckpoint, _probe
 from coldsnap.cli import _doctor, main
 
+pytestmark = pytest.mark.xdist_group("host")
+
 FAKE_CRIU = """#!/bin/sh
 case "$1" in
   --version) echo "Version: {version}" ;;

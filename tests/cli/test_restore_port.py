@@ -13,10 +13,12 @@ import pytest
 from coldsnap.backends.inet import FILES_IMAGE, PortInUse, join_image, listeners
 from coldsnap.drivers.n610._driver import serve_on
 from coldsnap.engines.sglang import SGLangLauncher
-from coldsnap.machine import ModelRef, RestoreRequest
+from coldsnap.machine import ModelRef, RestoreRequest, WeightSource
 from tests._support import free_port
 
 from ..backends.test_inet import MAGIC, _inet_entry
+
+_PAYLOAD = WeightSource(source="payload", payload_dir="/capsule/payload")
 
 
 @pytest.fixture
@@ -58,7 +60,7 @@ def test_n580_builds_its_engine_on_the_request_s_port(tmp_path: Path) -> None:
         store=str(tmp_path / "store"), port=31234,
         model=ModelRef(id="tiny", revision="r1", path=str(tmp_path / "model")),
     )  # fmt: skip
-    command = SGLangLauncher().command(request, tmp_path / "op", provider="native")
+    command = SGLangLauncher().command(request, tmp_path / "op", weights=_PAYLOAD)
     try:
         assert command.url == "http://127.0.0.1:31234"
         at = command.argv.index("--port")

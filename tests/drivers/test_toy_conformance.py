@@ -13,7 +13,7 @@ from coldsnap.testing.toy_engine import build_toy_model
 
 from ._toy import capture_request, live_engines, needs_criu, restore_request
 
-pytestmark = [needs_criu, pytest.mark.criu, pytest.mark.slow]
+pytestmark = [needs_criu, pytest.mark.criu, pytest.mark.slow, pytest.mark.xdist_group("host")]
 
 
 class ToyConformance(MachineConformance):

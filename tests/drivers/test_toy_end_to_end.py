@@ -23,7 +23,7 @@ from ._toy import (
     restore_request,
 )
 
-pytestmark = [needs_criu, pytest.mark.criu]
+pytestmark = [needs_criu, pytest.mark.criu, pytest.mark.xdist_group("host")]
 VARIANTS = [(d, p) for d in ("n610", "n580") for p in ("native", "recovery")]
 
 
@@ -75,7 +75,7 @@ def test_the_n610_image_leaves_the_weights_out(root, model):
         # baseline of a whole-process dump that keeps them.
         write_plan(
             Path(receipt.facts["runtime_dir"]),
-            ResumePlan(provider="recovery", checkpoint=str(model)),
+            ResumePlan(source="checkpoint", checkpoint=str(model)),
         )
         with EngineClient(receipt.facts["engine_url"], TOY_POLICY) as client:
             client.resume(["weights"])

@@ -15,6 +15,7 @@ import pytest
 from coldsnap.engines import EngineClient
 from coldsnap.engines.sglang import SGLANG_POLICY
 from coldsnap.machine import CaptureRequest, Machine, ModelRef, Receipt, RestoreRequest
+from tests._support import need
 
 # Greedy answers to these must be equal, token for token, on a cold server and every restore.
 PROMPTS = (
@@ -62,9 +63,8 @@ def e2e_ready() -> None:
     """Skips without CRIU or SGLang. (Building the SGLang adapter, `Machine.for_request`,
     readies this process for SGLang on a CPU host: the orchestrator imports SGLang for the
     engine's contract digest.)"""
-    reason = _why_not()
-    if reason:
-        pytest.skip(reason)
+    need("sglang")
+    need("criu")
 
 
 @pytest.fixture(scope="session")

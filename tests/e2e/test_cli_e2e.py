@@ -25,9 +25,16 @@ import jsonschema
 import psutil
 import pytest
 
+from tests._support import free_port
+
 from .conftest import PRISTINE_ENV
 
-pytestmark = [pytest.mark.criu, pytest.mark.sglang, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.criu,
+    pytest.mark.sglang,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("host"),
+]
 MARKER = "COLDSNAP_E2E_TEST_MARKER"
 
 

@@ -47,6 +47,7 @@ pytestmark = [
     pytest.mark.skipif(criu_ready() is not None, reason=str(criu_ready())),
     pytest.mark.criu,
     pytest.mark.slow,
+    pytest.mark.xdist_group("host"),
 ]
 
 PROVIDER = "native"
@@ -69,7 +70,7 @@ from coldsnap import Machine
 from coldsnap.backends import become_subreaper
 from coldsnap.machine import REGISTRY, read_journal
 from coldsnap.machine._convert import parse_request
-from coldsnap.machine._machine import _read_receipt
+from coldsnap.machine._targets import read_receipt
 from coldsnap.testing.toy import register_toy
 
 register_toy(REGISTRY)
@@ -83,7 +84,7 @@ def operate(mode, arg):
     if mode == "resume" or (mode == "stop" and Path(arg).is_dir()):
         machine = Machine.for_request(read_journal(Path(arg) / "journal.jsonl")[0].request)
         if mode == "stop":
-            machine.stop(_read_receipt(Path(arg)))
+            machine.stop(read_receipt(Path(arg)))
             return {"stopped": arg}
         receipt = machine.resume(arg)
     else:

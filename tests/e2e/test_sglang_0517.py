@@ -20,9 +20,16 @@ from typing import Any
 
 import pytest
 
+from tests._support import missing
+
 from .conftest import MAX_NEW_TOKENS, PROMPTS
 
-pytestmark = [pytest.mark.criu, pytest.mark.sglang, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.criu,
+    pytest.mark.sglang,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("host"),
+]
 
 RELEASE = "0.5.17"
 
@@ -99,7 +106,7 @@ def outcome(e2e_ready: None, root: Path) -> dict[str, Any]:
     try:
         env = release_env(RELEASE)
     except ReleaseNotInstalled as exc:
-        pytest.skip(str(exc))
+        missing("sglang", str(exc))
     model = build_model(root / "tiny-llama", arch="llama", size="tiny", seed=0).path
     args = [str(model), str(root), RELEASE, json.dumps(PROMPTS), str(MAX_NEW_TOKENS)]
     done = subprocess.run(

@@ -42,7 +42,12 @@ from .conftest import (
     why,
 )
 
-pytestmark = [pytest.mark.criu, pytest.mark.sglang, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.criu,
+    pytest.mark.sglang,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("host"),
+]
 VARIANTS = [(d, p) for d in ("n610", "n580") for p in ("native", "recovery")]
 
 
@@ -205,7 +210,7 @@ def test_a_moved_store_restores_without_the_capture_workdir(variant: Variant) ->
 
 
 def test_replicas_of_one_capsule_do_not_share_a_sampling_stream(variant: Variant) -> None:
-    """Every restore of an image starts from the same RNG state (sglang-criu-facts.md); unless
+    """Every restore of an image starts from the same RNG state (docs/criu.md); unless
     the product reseeds, two replicas sample the same tokens for the same unseeded request."""
     first, second = (restored.sampled for restored in variant.restores)
     assert first != second, (
@@ -240,7 +245,7 @@ def test_the_n610_capsule_of_the_small_model_leaves_the_weights_out(
         # from the checkpoint) to get the tree as it was before the release steps.
         write_plan(
             Path(receipt.facts["runtime_dir"]),
-            ResumePlan(provider="recovery", checkpoint=str(info.path)),
+            ResumePlan(source="checkpoint", checkpoint=str(info.path)),
         )
         with EngineClient(receipt.facts["engine_url"], SGLANG_POLICY) as client:
             client.resume([WEIGHTS, KV_CACHE])

@@ -1,4 +1,4 @@
-"""What a checkpoint does not hold comes back after a recovery (issue 15, item 1).
+"""What a checkpoint does not hold comes back after a recovery.
 
 A tiny Llama with tied embeddings: its checkpoint has no `lm_head.weight`, and SGLang's model
 holds a rotary `cos_sin_cache` no checkpoint has. A release returns the pages of every
@@ -43,7 +43,12 @@ from .conftest import (
     why,
 )
 
-pytestmark = [pytest.mark.criu, pytest.mark.sglang, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.criu,
+    pytest.mark.sglang,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("host"),
+]
 
 # ~300 tokens: positions far past the part of the rotary cache a release leaves in place.
 _WORDS = ("seven", "wizards", "quietly", "restore", "the", "weights", "of", "every", "jolly",

@@ -28,7 +28,12 @@ from coldsnap.machine import RestoreRequest, StepEvent
 
 from .conftest import answers, capture_request, leftovers, model_ref, restore_request, watch, why
 
-pytestmark = [pytest.mark.criu, pytest.mark.sglang, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.criu,
+    pytest.mark.sglang,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("host"),
+]
 TP = 2
 VARIANTS = [("n610", "native"), ("n610", "recovery"), ("n580", "native")]
 KILLED_RANK = 1

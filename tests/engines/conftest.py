@@ -6,11 +6,13 @@ import importlib.util
 
 import pytest
 
+from tests._support import missing
+
 
 @pytest.fixture(scope="session")
 def sglang_cpu() -> None:
     if importlib.util.find_spec("sglang") is None:
-        pytest.skip("SGLang is not installed (scripts/setup.sh sglang)")
+        missing("sglang", "SGLang is not installed (scripts/setup.sh sglang)")
     import torch
 
     if torch.version.cuda is None:

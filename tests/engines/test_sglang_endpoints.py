@@ -12,7 +12,7 @@ from coldsnap._wire import KV_CACHE
 from coldsnap.engines import AcceptanceError, EngineClient, EngineError
 from coldsnap.engines.sglang import SGLANG_POLICY
 
-pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.xdist_group("host")]
 
 
 @pytest.fixture(scope="module")

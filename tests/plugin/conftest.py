@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from tests._support import missing
+
 
 @pytest.fixture(scope="session")
 def sglang_cpu() -> None:
@@ -16,7 +18,7 @@ def sglang_cpu() -> None:
     import importlib.util
 
     if importlib.util.find_spec("sglang") is None:
-        pytest.skip("SGLang is not installed (scripts/setup.sh sglang)")
+        missing("sglang", "SGLang is not installed (scripts/setup.sh sglang)")
     import torch
 
     if torch.version.cuda is None:

@@ -10,6 +10,7 @@ import pytest
 
 import coldsnap.plugin as plugin
 from coldsnap.plugin import CONTRACTS, GROUPS, ContractError, admit, check, hook_landed
+from tests._support import missing
 
 pytestmark = pytest.mark.usefixtures("sglang_cpu")
 
@@ -205,7 +206,7 @@ def report_0517() -> dict[str, Any]:
     try:
         env = release_env("0.5.17")
     except ReleaseNotInstalled as exc:
-        pytest.skip(str(exc))
+        missing("sglang", str(exc))
     done = subprocess.run(
         [sys.executable, "-c", _REPORT_0517],
         env=env,

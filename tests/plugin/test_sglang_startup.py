@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from tests._support import missing
+
 from .conftest import plugin_env
 
-pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.xdist_group("host")]
 
 
 @pytest.mark.parametrize("release", ["0.5.23", "0.5.17"])
@@ -27,7 +29,7 @@ def test_bad_setting_stops_startup_with_the_message(
     try:
         release_overlay(release)
     except ReleaseNotInstalled as exc:
-        pytest.skip(str(exc))
+        missing("sglang", str(exc))
     model = build_model(models_root / "llama-tiny", arch="llama", size="tiny", seed=0)
     env = plugin_env(
         tmp_path / "run", COLDSNAP_LIVE_BACKING="gpu-vmm", COLDSNAP_SHAPE_CALIBRATION="x"

@@ -20,6 +20,7 @@ from .provider_helpers import data_ptrs, storage_bytes
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU"),
+    pytest.mark.xdist_group("host"),
 ]
 
 
