@@ -66,7 +66,8 @@ capture = CaptureRequest(driver="n610", provider="native", model=model, engine=e
 receipt = Machine.for_request(capture).capture(capture)
 out["capture"] = {"ok": receipt.ok, "error": str(receipt.error),
                   "acceptance": receipt.facts.get("acceptance_tokens")}
-out["identity"] = list(installed_sglang())
+build = installed_sglang()
+out["identity"] = [build.engine, build.version, build.contract]
 out["plugin_digest"] = plugin_digest()
 out["restores"] = []
 if receipt.ok:
