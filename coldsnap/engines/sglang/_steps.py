@@ -199,11 +199,7 @@ class SGLangEngine(SGLangCommandLine):
         tp = int(getattr(ctx.request, "tp", None) or 1)
         coverage = _shape_coverage(runtime_dir)  # a failed calibration refuses, nothing released
         with self._client(ctx) as client:
-            try:
-                client.release([KV_CACHE, WEIGHTS])
-            except EngineError as exc:
-                named = census(runtime_dir, tp, ctx.facts[s.ENGINE_PID.name])
-                raise EngineError("release_memory", f"{exc}{named}") from exc
+            _release_all(client, runtime_dir, tp, ctx.facts[s.ENGINE_PID.name], "release_memory")
         pids = _check_rank_count(runtime_dir, tp, started) if self.rank_reports else {}
         residual = _check_release(runtime_dir, started, cuda=self.cuda)
         return {
@@ -274,11 +270,7 @@ class SGLangEngine(SGLangCommandLine):
         tp = int(capsule.get(s.TP_SIZE.name) or 1)
         started = time.time()
         with self._client(ctx) as client:
-            try:
-                client.release([KV_CACHE, WEIGHTS])
-            except EngineError as exc:
-                named = census(runtime_dir, tp, ctx.facts[s.ENGINE_PID.name])
-                raise EngineError("release", f"{exc}{named}") from exc
+            _release_all(client, runtime_dir, tp, ctx.facts[s.ENGINE_PID.name], "release")
             if self.rank_reports:
                 _check_rank_count(runtime_dir, tp, started, step="release")
             ranks = _sleep_report(runtime_dir, started)
@@ -515,6 +507,15 @@ def scheduler_records(
     scheduler (one per TP rank); EngineError of `step` naming a record that cannot be read or
     is not the plugin's, and the field."""
     return scheduler_statuses(runtime_dir, step)
+
+
+def _release_all(client: EngineClient, runtime_dir: Path, tp: int, pid: int, step: str) -> None:
+    """Releases the KV cache and the weights; a refusal says, beside the engine's answer, which
+    ranks reported what (the census), as step `step`."""
+    try:
+        client.release([KV_CACHE, WEIGHTS])
+    except EngineError as exc:
+        raise EngineError(step, f"{exc}{census(runtime_dir, tp, pid)}") from exc
 
 
 def _shape_coverage(runtime_dir: Path) -> dict[str, Any] | None:
