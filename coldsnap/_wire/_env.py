@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import attrs
@@ -85,19 +85,26 @@ class EngineSettings:
     def active(self) -> bool:
         return self.mode != "off"
 
-    def to_env(self) -> dict[str, str]:
+    def to_env(self, *, always: Iterable[str] = ()) -> dict[str, str]:
         """The COLDSNAP_* variables that say this record: every field that is not its default
-        (an unset variable reads back as the default); refuses a record `from_env` would refuse,
+        (an unset variable reads back as the default), and the fields named in `always` even
+        at their default (a field without a value as the variable set to nothing), where an
+        inherited environment must not decide them; refuses a record `from_env` would refuse,
         naming each variable."""
+        unknown = sorted(set(always) - set(_DEFAULTS))
+        if unknown:
+            raise ValueError(f"to_env(always=...): no such field: {', '.join(unknown)}")
         problems = _cross_checks(self)
         if problems:
             raise SettingsError(problems)
         out: dict[str, str] = {}
         for name, (field, kind, _accepted) in _VARIABLES.items():
             value = getattr(self, field)
-            if value == _DEFAULTS[field]:
+            if value == _DEFAULTS[field] and field not in always:
                 continue
-            if kind == "bool":
+            if value is None:
+                out[name] = ""
+            elif kind == "bool":
                 out[name] = "1" if value else "0"
             elif kind == "seconds":
                 out[name] = repr(float(value))

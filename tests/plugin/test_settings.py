@@ -161,3 +161,18 @@ def test_a_record_the_plugin_would_refuse_is_never_written() -> None:
     with pytest.raises(SettingsError) as info:
         Settings(mode="restore", runtime_dir=Path("/r"), startup_source="payload").to_env()
     assert info.value.variables == ("COLDSNAP_ARTIFACT_DIR",)
+
+
+def test_fields_named_always_are_written_even_at_their_default() -> None:
+    """What an inherited environment must not decide is written whatever its value: a default
+    as itself, a field without a value as the variable set to nothing (which reads back as
+    unset)."""
+    settings = Settings(mode="capture", runtime_dir=Path("/r"))
+    env = settings.to_env(always=("keep_residual", "process_artifact_root", "rank_timeout_s"))
+    assert "COLDSNAP_KEEP_RESIDUAL" not in settings.to_env()
+    assert env["COLDSNAP_KEEP_RESIDUAL"] == "1"
+    assert env["COLDSNAP_PROCESS_ARTIFACT_ROOT"] == ""
+    assert float(env["COLDSNAP_RANK_TIMEOUT_S"]) == settings.rank_timeout_s
+    assert Settings.from_env(env) == settings
+    with pytest.raises(ValueError, match="no such field: colour"):
+        settings.to_env(always=("colour",))

@@ -24,7 +24,7 @@ from coldsnap._wire import EngineSettings
 from coldsnap.machine import LaunchCommand, WeightSource, WeightSourceError
 
 from ._cmdline import TP_FLAGS, EngineArgsError, check_engine_args
-from ._options import GRAPH_SAVER_ENV, SGLangOptions
+from ._options import GRAPH_SAVER_ENV, SETTINGS_FIELDS, SGLangOptions
 
 RUNTIME_ROOT = ENGINES_ROOT
 CPU_BIND_VARIABLE = "SGLANG_CPU_OMP_THREADS_BIND"
@@ -155,7 +155,7 @@ def coldsnap_env(
                 artifact_dir=Path(weights.payload_dir),
                 artifact_preverified=weights.preverified,
             )
-    return {**settings.to_env(), **options.env()}
+    return settings.to_env(always=SETTINGS_FIELDS)
 
 
 class SGLangLauncher:

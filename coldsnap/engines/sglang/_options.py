@@ -72,18 +72,19 @@ class SGLangOptions:
             rank_timeout_s=self.rank_timeout_s,
         )
 
-    def env(self) -> dict[str, str]:
-        """Every COLDSNAP_* variable these options set, each written even at its default, so
-        that the orchestrator's own environment (which the engine's process inherits) cannot
-        win. `cuda_graphs_in_saver` is the adapter's (`build`: the launcher's GRAPH_SAVER_ENV,
-        which every command writes, and the graph steps)."""
-        return {
-            "COLDSNAP_LIVE_BACKING": self.live_backing,
-            "COLDSNAP_PROCESS_ARTIFACT_ROOT": self.process_artifact_root or "",
-            "COLDSNAP_KEEP_RESIDUAL": "1" if self.keep_residual else "0",
-            "COLDSNAP_SGLANG_RECOVERY_LOAD_FORMAT": self.recovery_load_format,
-            "COLDSNAP_RANK_TIMEOUT_S": repr(float(self.rank_timeout_s)),
-        }
+
+SETTINGS_FIELDS = (
+    "live_backing",
+    "process_artifact_root",
+    "keep_residual",
+    "recovery_load_format",
+    "rank_timeout_s",
+)
+"""The EngineSettings fields the options set (`SGLangOptions.settings`): an engine's
+environment names each even at its default (`EngineSettings.to_env(always=...)`), so that the
+orchestrator's own environment, which the engine's process inherits, cannot win.
+`cuda_graphs_in_saver` is the adapter's (`build`: the launcher's GRAPH_SAVER_ENV, which every
+command writes, and the graph steps)."""
 
 
 def _choice(accepted: tuple[str, ...]) -> Callable[[str], str]:
@@ -183,6 +184,7 @@ def options_differences(
 __all__ = [
     "GRAPH_SAVER_ENV",
     "OPTIONS",
+    "SETTINGS_FIELDS",
     "EngineOptionsError",
     "SGLangOptions",
     "check_engine_options",
