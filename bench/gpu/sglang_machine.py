@@ -4,7 +4,7 @@ product).
 
     python3 bench/gpu/sglang_machine.py --out OUT --model /tmp/model [--size small]
         [--variants n610-native,...] [--restores 2] [--budget 540] [--cold-json PATH]
-        [--refusal] [--dry] [--mem-frac 0.05] [--naive] [--warm-cold]
+        [--refusal] [--dry] [--mem-frac 0.05] [--naive] [--warm-cold] [--cli-restores N]
 
 Order (a fresh machine compiles SGLang's JIT kernels on first use, about 100 s, so the cold start
 runs first, and once): the pinned host-to-device reference copy; a cold start of the server the
@@ -24,7 +24,10 @@ arguments and requests without a GPU and launches nothing. `--naive` snapshots t
 whole (nothing released: CUDA checkpoint and CRIU dump of the serving tree), restores it and
 times it to its first answer: issue 17's naive baseline. `--warm-cold` launches the cold server
 once more at the end (JIT kernels compiled by then: the fair cold start for a host that already
-ran the server). Per-process device memory (nvidia-smi) is recorded after each release.
+ran the server). `--cli-restores N` restores each capsule N more times by `coldsnap restore` in a
+new process (the operator's path: interpreter, command line, Machine, restore), timed from the
+spawn to the first answer, and prints its ratio to the in-process restores' median
+(`cli_vs_in_process`). Per-process device memory (nvidia-smi) is recorded after each release.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -344,6 +348,65 @@ class Run:
                 kill_tree(int(pid))
         return rec
 
+    def cli_restore(
+        self, variant: str, i: int, cold: dict[str, list[int]] | None
+    ) -> dict[str, Any]:
+        """`coldsnap restore` as an operator runs it (a new process: the command line, its
+        imports, the Machine, the restore), timed from the spawn to the first answer, then every
+        prompt compared with the cold start; stopped with `coldsnap stop`. The in-process restores
+        above are the baseline it is compared with (summary: `cli_vs_in_process`)."""
+        from coldsnap.engines.sglang import free_port
+
+        port = free_port()
+        name = f"cli-{variant}-{i}"
+        cli = [sys.executable, "-m", "coldsnap.cli"]
+        argv = [
+            *cli, "restore", variant, "--store", str(self.root / "store"), "--port", str(port),
+            "--workdir", str(self.root / variant / f"cli{i}"), "--serve-as", name,
+            "--model-path", str(self.args.model), "--json",
+        ]  # fmt: skip
+        t0 = time.perf_counter()
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+        rec: dict[str, Any] = {
+            "command_s": round(time.perf_counter() - t0, 3),
+            "rc": done.returncode,
+        }
+        events = []
+        for line in done.stdout.splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue
+        finished = [e for e in events if e.get("event") == "finished"]
+        if finished:  # the receipt's own seconds: the time inside Machine.restore
+            rec["receipt_s"] = finished[-1].get("seconds")
+            rec["result"] = finished[-1].get("result")
+        rec["steps"] = {
+            e["step"]: e.get("seconds")
+            for e in events
+            if e.get("event") == "step_ended" and e.get("status") == "done"
+        }
+        if done.returncode != 0:
+            rec["error"] = (done.stdout + done.stderr)[-3000:]
+            return rec
+        url = f"http://127.0.0.1:{port}"
+        try:
+            self.flush(url)
+            first = self.generate(url, PROMPTS["P1"])
+            rec["first_answer_s"] = round(time.perf_counter() - t0, 3)
+            got = {"P1": first, **{k: v for k, v in self.answers(url).items() if k != "P1"}}
+            if cold is not None:
+                rec["equal"] = {k: got[k] == cold.get(k) for k in PROMPTS}
+        except Exception as exc:
+            rec["answer_error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            stop = subprocess.run([*cli, "stop", name], capture_output=True, text=True,
+                                  timeout=120, check=False)  # fmt: skip
+            rec["stop_rc"] = stop.returncode
+            if stop.returncode != 0:
+                rec["stop_error"] = (stop.stdout + stop.stderr)[-1500:]
+        return rec
+
     def child_restore(self, variant: str) -> int:
         """--child-restore: one restore in this (new) process; prints its receipt's summary."""
         from coldsnap import Machine
@@ -458,6 +521,17 @@ class Run:
                 self.log(variant, "fresh-process restore", r.get("outcome"),
                          r.get("first_answer_s"), r.get("equal"), r.get("error") or "")  # fmt: skip
                 self.save()
+            for i in range(self.args.cli_restores):
+                if self.left() < self.args.restore_s + 15:
+                    break
+                try:
+                    r = self.cli_restore(variant, i, cold)
+                except Exception:
+                    r = {"error": traceback.format_exc()}
+                var.setdefault("cli_restores", []).append(r)
+                self.log(variant, f"cli restore{i}", r.get("rc"), r.get("first_answer_s"),
+                         r.get("equal"), r.get("error") or r.get("answer_error") or "")  # fmt: skip
+                self.save()
         if self.args.warm_cold:  # the same launch again, SGLang's JIT kernels now compiled
             if self.left() > self.args.capture_s:
                 naive, self.args.naive = self.args.naive, False
@@ -518,6 +592,22 @@ class Run:
                     "pinned_h2d_gib_per_s": pinned,
                     "hydration_vs_pinned": round(hyd / pinned, 3) if hyd and pinned else None,
                     "answers_equal": r.get("equal"),
+                })  # fmt: skip
+        for name, var in self.results["variants"].items():
+            warm = [
+                r["first_answer_s"] for r in var.get("restores") or [] if r.get("first_answer_s")
+            ]
+            fresh = [
+                r["first_answer_s"]
+                for r in var.get("cli_restores") or []
+                if r.get("first_answer_s")
+            ]
+            if warm and fresh:
+                base, cli = statistics.median(warm), statistics.median(fresh)
+                rows.append({
+                    "variant": name, "cli_vs_in_process": round(cli / base, 2),
+                    "cli_restore_to_first_answer_s": fresh, "in_process_s": warm,
+                    "cli_answers_equal": [r.get("equal") for r in var["cli_restores"]],
                 })  # fmt: skip
         self.results["summary"] = rows
         for row in rows:
@@ -681,6 +771,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--naive", action="store_true", help="snapshot the cold server whole, too")
     p.add_argument("--warm-cold", action="store_true", help="a second cold start at the end")
     p.add_argument("--fresh-restore", action="store_true", help="one more, by a new process")
+    p.add_argument(
+        "--cli-restores",
+        type=int,
+        default=0,
+        help="restores by `coldsnap restore`, a new process each",
+    )
     p.add_argument("--child-restore", metavar="VARIANT", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     bad = [v for v in args.variants if v not in VARIANTS]
