@@ -39,10 +39,12 @@ def _debug() -> bool:
     return bool(os.environ.get("COLDSNAP_DEBUG"))
 
 
-def check_runtime_dir(runtime: Path, workdir: Path) -> None:
-    """RequestError unless `runtime` is a whole store that opening would not change, and
-    `workdir` lies outside it."""
-    runtime, workdir = runtime.absolute(), workdir.absolute()
+def check_runtime_dir(runtime: Path, workdir: Path) -> tuple[Path, Path]:
+    """`runtime` and `workdir` as the paths they reach (`..` and symlinks resolved,
+    os.path.realpath: a workdir spelled through either is still inside), once `runtime` is a
+    whole store that opening would not change and `workdir` lies outside it (else
+    RequestError). The run then uses these, not the spellings that were checked."""
+    runtime, workdir = Path(os.path.realpath(runtime)), Path(os.path.realpath(workdir))
     if not runtime.is_dir():
         raise RequestError([("--runtime-dir", f"{runtime} is not a directory")])
     if workdir == runtime or workdir.is_relative_to(runtime):
@@ -74,6 +76,7 @@ def check_runtime_dir(runtime: Path, workdir: Path) -> None:
             )
     if problems:
         raise RequestError(problems)
+    return runtime, workdir
 
 
 def _check_rank(runtime: Path, capsule: str, rank: int) -> str:
@@ -138,8 +141,8 @@ def rank(
     **options: Any,
 ) -> None:
     with reported(_debug):
-        check_runtime_dir(runtime_dir, workdir)
-        digest = _check_rank(runtime_dir.absolute(), capsule, rank)
+        runtime_dir, workdir = check_runtime_dir(runtime_dir, workdir)
+        digest = _check_rank(runtime_dir, capsule, rank)
         request = _request(runtime_dir, digest, workdir, **options)
         if print_request:
             click.echo(request_json(request))
@@ -171,14 +174,14 @@ def _request(
 
     from ._store_cmds import capture_record
 
-    record = capture_record(Store(runtime_dir.absolute()), digest)
+    record = capture_record(Store(runtime_dir), digest)
     driver = driver or (record.driver if record is not None else None)
     if not driver:
         raise RequestError([("--driver", f"capsule {digest} has no capture record to name one")])
     provider = provider or (record.provider if record is not None else "native")
     request = RestoreRequest(
-        driver=driver, provider=provider, artifact=digest, workdir=str(workdir.absolute()),
-        store=str(runtime_dir.absolute()), port=port, host=host,
+        driver=driver, provider=provider, artifact=digest, workdir=str(workdir),
+        store=str(runtime_dir), port=port, host=host,
     )  # fmt: skip
     if record is not None:
         request = attrs.evolve(request, engine=record.engine, engine_args=record.engine_args)

@@ -110,3 +110,26 @@ def test_a_runtime_dir_that_does_not_exist_is_named(tmp_path: Path) -> None:
     result = _run(rank, *_args(tmp_path / "nothing", tmp_path / "op", "--rank", "0"))
     assert result.exit_code == 2 and "field '--runtime-dir'" in result.stderr
     assert not (tmp_path / "nothing").exists()
+
+
+@pytest.mark.parametrize("spelling", ["dotdot", "symlink", "runtime-symlink"])
+def test_a_workdir_inside_the_runtime_dir_is_refused_however_spelled(
+    tmp_path: Path, runtime: Path, spelling: str
+) -> None:
+    """`..` and symlinks are resolved before the comparison: each of these workdirs lies in the
+    runtime dir, and the run must leave the runtime dir as it was."""
+    given = runtime
+    if spelling == "dotdot":
+        workdir = tmp_path / "elsewhere" / ".." / runtime.name / "tmp" / "r0"
+        (tmp_path / "elsewhere").mkdir()
+    elif spelling == "symlink":
+        (tmp_path / "link").symlink_to(runtime / "tmp")
+        workdir = tmp_path / "link" / "r0"
+    else:  # the runtime dir named through a link, the workdir by its real path
+        given = tmp_path / "runtime-link"
+        given.symlink_to(runtime)
+        workdir = runtime / "tmp" / "r0"
+    before = _tree(runtime)
+    result = _run(rank, *_args(given, workdir, "--rank", "0"))
+    assert result.exit_code == 2 and "field '--workdir'" in result.stderr, result.output
+    assert _tree(runtime) == before, "the entry point wrote into the runtime dir"
