@@ -8,6 +8,15 @@ taken out and kept in the capsule, where a restore serves unless told otherwise)
 tensor-parallel size becomes the request's `tp` and the draft model its `draft`; a flag coldsnap
 cannot honour is refused by name, with why; every other flag goes to the engine as written.
 
+SGLang reads its flags with argparse, which takes any unambiguous prefix of a flag for the flag
+(`--hos` is `--host`), and the user's flags follow coldsnap's own on the engine's command line.
+So a flag coldsnap reads or refuses must be written in full: a token that is a proper prefix of
+one (`--model-pat`, `--tp-siz`, `--por`) is refused by name, on the command line and in a
+request's engine arguments alike. Telling which abbreviations SGLang would resolve needs its
+parser, which costs seconds to import; refusing every prefix of coldsnap's own flags needs none,
+and refuses no flag SGLang has: its flags that are prefixes of these (`--model`,
+`--speculative-draft-model`) are read here too (tests compare with SGLang's own parser).
+
 Comparing engine arguments at restore: a capsule is an engine built with the capture's
 arguments (n610 restores that very process; n580 builds the engine again with the restore's),
 so every argument that shapes the engine (dtype, memory fraction, context length, attention
@@ -37,6 +46,8 @@ OWNED = ("--host", "--port")
 """Flags coldsnap sets on every launch."""
 DRAFT_FLAGS = ("--speculative-draft-model-path", "--speculative-draft-model-revision")
 """The draft model becomes the request's `draft` (the capsule binds it)."""
+DRAFT_PATH_FLAGS = (DRAFT_FLAGS[0], "--speculative-draft-model")
+"""The draft model's path, in each spelling SGLang accepts."""
 ONE = {
     "--pp-size": "a capsule holds one pipeline stage",
     "--pipeline-parallel-size": "a capsule holds one pipeline stage",
@@ -55,6 +66,7 @@ REFUSED = {
     "--smg-grpc-mode": "coldsnap drives the engine through its HTTP endpoints",
     "--node-rank": "a capsule holds the processes of one host",
     "--dist-init-addr": "a capsule holds the processes of one host",
+    "--nccl-init-addr": "a capsule holds the processes of one host",
 }
 """Flags coldsnap cannot honour at all, with why."""
 ALLOWED: frozenset[str] = frozenset(
@@ -72,9 +84,14 @@ ALLOWED: frozenset[str] = frozenset(
 )
 """Flags that change what an engine reports, never what it computes or how it is laid out."""
 
-_VALUED = (*MODEL_FLAGS, *TP_FLAGS, *OWNED, *DRAFT_FLAGS, *ONE, "--config", "--api-key",
-           "--ssl-keyfile", "--ssl-certfile", "--node-rank", "--dist-init-addr")  # fmt: skip
+_VALUED = (*MODEL_FLAGS, *TP_FLAGS, *OWNED, *DRAFT_PATH_FLAGS, DRAFT_FLAGS[1], *ONE, "--config",
+           "--api-key", "--ssl-keyfile", "--ssl-certfile", "--node-rank", "--dist-init-addr",
+           "--nccl-init-addr")  # fmt: skip
 """Flags read here that take a value (as `--flag value` or `--flag=value`)."""
+READ: frozenset[str] = frozenset(
+    (*MODEL_FLAGS, *TP_FLAGS, *OWNED, *DRAFT_PATH_FLAGS, DRAFT_FLAGS[1], *ONE, *REFUSED)
+)
+"""Every flag coldsnap reads, sets or refuses: each must be written in full."""
 _PYTHON = re.compile(r"^python(3(\.\d+)?)?$")
 
 
@@ -103,6 +120,21 @@ def _flags(argv: Sequence[str]) -> list[tuple[str, str | None, list[str]]]:
                     else token, [token]))  # fmt: skip
         i += 1
     return out
+
+
+def abbreviation_problem(flag: str) -> str | None:
+    """Why `flag` (a token's name, before any '=') cannot go to the engine as written: it is a
+    proper prefix of flags coldsnap reads, which SGLang would take for one of them; None when
+    it is not."""
+    if not flag.startswith("--") or flag in READ:
+        return None
+    if flag == "--":
+        return "ends SGLang's options: what follows would not be read as flags"
+    meant = sorted(name for name in READ if name.startswith(flag))
+    if not meant:
+        return None
+    return (f"abbreviates {' or '.join(meant)}, which coldsnap reads: write the flag in full "
+            "(SGLang takes a prefix of a flag for the flag)")  # fmt: skip
 
 
 def _program(argv: Sequence[str]) -> tuple[str, list[str]]:
@@ -139,13 +171,17 @@ def parse_command_line(argv: Sequence[str]) -> LaunchLine:
     kept: list[str] = []
     problems: list[tuple[str, str]] = []
     for flag, value, tokens in _flags(rest):
-        if flag in MODEL_FLAGS:
+        if (why := abbreviation_problem(flag)) is not None:
+            problems.append((flag, why))
+        elif flag in MODEL_FLAGS:
             model = value
         elif flag == "--host":
             host = value
         elif flag == "--port":
             port = _int(flag, value or "")
-        elif flag in DRAFT_FLAGS:
+        elif flag in DRAFT_PATH_FLAGS:
+            draft[DRAFT_FLAGS[0]] = value
+        elif flag == DRAFT_FLAGS[1]:
             draft[flag] = value
         elif flag in REFUSED:
             problems.append((flag, f"cannot be captured: {REFUSED[flag]}"))
@@ -186,13 +222,15 @@ def check_engine_args(args: Sequence[str]) -> list[tuple[str, str]]:
     size, the draft model), or cannot honour; empty when every flag may go to the engine."""
     problems: list[tuple[str, str]] = []
     for flag, value, _tokens in _flags(list(args)):
-        if flag in OWNED:
+        if (why := abbreviation_problem(flag)) is not None:
+            problems.append(("engine_args", f"{flag} {why}"))
+        elif flag in OWNED:
             problems.append(("engine_args", f"{flag} is coldsnap's to set (the request's host "
                              "and port say where the engine listens)"))  # fmt: skip
         elif flag in TP_FLAGS:
             problems.append(("engine_args", f"{flag} is not accepted; the tensor-parallel size "
                              "is the request's field tp (the capsule binds it)"))  # fmt: skip
-        elif flag in DRAFT_FLAGS:
+        elif flag in (*DRAFT_PATH_FLAGS, DRAFT_FLAGS[1]):
             problems.append(("engine_args", f"{flag}: name the draft model in the field 'draft'"))
         elif flag in REFUSED:
             problems.append(("engine_args", f"{flag} cannot be captured: {REFUSED[flag]}"))
@@ -236,13 +274,16 @@ class SGLangCommandLine:
 __all__ = [
     "ALLOWED",
     "DRAFT_FLAGS",
+    "DRAFT_PATH_FLAGS",
     "MODULE",
     "ONE",
     "OWNED",
+    "READ",
     "REFUSED",
     "TP_FLAGS",
     "EngineArgsError",
     "SGLangCommandLine",
+    "abbreviation_problem",
     "check_engine_args",
     "parse_command_line",
 ]
