@@ -18,7 +18,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import shutil
+import re
 import stat
 import time
 import uuid
@@ -120,18 +120,82 @@ class ObjectWriter:
         self.abort()
 
 
-class Store:
-    """A local content-addressed store of objects and the capsules that name them."""
+LAYOUT = ("objects", "objects/sha256", "capsules", "tags", "tmp", "locks")
+"""The store's own folders: a directory holding all of them is a store."""
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+_TEMPORARY = re.compile(r"[0-9a-f]{32}\.(part|adopt)")
+"""The names of the temporary files the store writes in tmp/ (what gc may remove there)."""
+
+
+class Store:
+    """A local content-addressed store of objects and the capsules that name them.
+
+    `Store(root)` is for writers (a capture's seal): it makes the store, or completes one a crash
+    left half made, and narrows its folders to 0700; it refuses a directory that holds anything
+    but the store's own folders, or that another user owns and is not yet a store, so a
+    mistyped path never turns someone's directory into a store. `Store.open(root)` is for
+    everything else (read commands, admission, gc): the store must already be there, and
+    opening it creates and changes nothing."""
+
+    def __init__(self, root: str | os.PathLike[str], *, create: bool = True) -> None:
         self.root = Path(root)
+        if not create:
+            self._check_layout()
+            return
         try:
             self.root.parent.mkdir(mode=_fs.DIR_MODE, parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot make a store at {self.root}: {exc.strerror}") from None
+        self._check_makeable()
         _fs.private_dir(self.root)
-        for sub in ("objects", "objects/sha256", "capsules", "tags", "tmp", "locks"):
+        for sub in LAYOUT:
             _fs.private_dir(self.root / sub)
+
+    @classmethod
+    def open(cls, root: str | os.PathLike[str]) -> Store:
+        """An existing store, as it is: StoreError when `root` is not a directory holding the
+        store's folders (none is made, no mode is changed)."""
+        return cls(root, create=False)
+
+    def _check_layout(self) -> None:
+        st = _fs.refuse_symlink(self.root)
+        if st is None or not stat.S_ISDIR(st.st_mode):
+            raise StoreError(f"no store at {self.root}: not a directory")
+        missing = []
+        for sub in LAYOUT:
+            found = _fs.refuse_symlink(self.root / sub)
+            if found is None or not stat.S_ISDIR(found.st_mode):
+                missing.append(sub)
+        if missing:
+            raise StoreError(
+                f"{self.root} is not a coldsnap store: it lacks the store's folders "
+                f"{', '.join(missing)}"
+            )
+
+    def _check_makeable(self) -> None:
+        """A directory already at `root` is a store when it holds the store's folders; any other
+        may become one only when it holds nothing but some of them (one a crash left half made,
+        or an empty directory) and this user owns it."""
+        st = _fs.refuse_symlink(self.root)
+        if st is None:
+            return
+        if not stat.S_ISDIR(st.st_mode):
+            raise StoreError(f"cannot make a store at {self.root}: not a directory")
+        if all((self.root / sub).is_dir() for sub in LAYOUT):
+            return  # a store (a stray beside its folders is verify's to report)
+        top = {sub.split("/")[0] for sub in LAYOUT}
+        others = sorted(set(os.listdir(self.root)) - top)
+        if others:
+            raise StoreError(
+                f"{self.root} is not a coldsnap store and not empty (it holds "
+                f"{', '.join(others[:3])}{', ...' if len(others) > 3 else ''}): name a new or "
+                "empty directory, or an existing store"
+            )
+        if st.st_uid != os.geteuid():
+            raise StoreError(
+                f"cannot make a store at {self.root}: the directory belongs to uid {st.st_uid}, "
+                "not to this user"
+            )
 
     def __repr__(self) -> str:
         return f"Store({str(self.root)!r})"
@@ -414,12 +478,12 @@ class Store:
                 raise StoreError(f"no tag {tag!r}")
             path.unlink()
 
+    def tag_names(self) -> list[str]:
+        """The names in tags/, without reading the records (one may be damaged)."""
+        return [n for n in sorted(os.listdir(self.root / "tags")) if tag_problem(n) is None]
+
     def tags(self) -> dict[str, str]:
-        out = {}
-        for name in sorted(os.listdir(self.root / "tags")):
-            if tag_problem(name) is None:
-                out[name] = self._read_tag(name).capsule
-        return out
+        return {name: self._read_tag(name).capsule for name in self.tag_names()}
 
     def unpublish(self, ref: str) -> str:
         """Hides a capsule (and drops the tags naming it); its objects go at the next gc."""
@@ -433,7 +497,8 @@ class Store:
         return digest
 
     def gc(self, *, grace_s: float = 3600.0) -> GcReport:
-        """Removes objects no published capsule reaches, and stale temporary files. Objects and
+        """Removes objects no published capsule reaches, and stale temporary files (only files in
+        tmp/ named as the store names its own: nothing else is the store's). Objects and
         temporaries younger than `grace_s` are kept: they may belong to a capture that has not
         published yet. Fails closed (removes nothing) if a published manifest is unreadable or
         a symlink is found."""
@@ -472,11 +537,10 @@ class Store:
                     removed.append(digest)
                     freed += st.st_size
             for entry in os.scandir(self.root / "tmp"):
+                if not _TEMPORARY.fullmatch(entry.name) or not entry.is_file(follow_symlinks=False):
+                    continue  # not a file the store wrote: not the store's to remove
                 if entry.stat(follow_symlinks=False).st_mtime <= horizon:
-                    if entry.is_dir(follow_symlinks=False):
-                        shutil.rmtree(entry.path)  # no symlink anywhere: _strays refused them
-                    else:
-                        os.unlink(entry.path)
+                    os.unlink(entry.path)
         return GcReport(removed=tuple(removed), freed_bytes=freed, kept=kept)
 
     # internals ----------------------------------------------------------------------------

@@ -383,7 +383,7 @@ def _listen_default(request: RestoreRequest) -> tuple[RestoreRequest, bool]:
     if given or not Path(request.store).is_dir():
         return request, False
     try:
-        record = capture_record(Store(request.store), request.artifact)
+        record = capture_record(Store.open(request.store), request.artifact)
     except ColdsnapError:
         return request, False  # admission names what is wrong with the store or capsule
     if record is None or (record.serve_port is None and record.serve_host is None):
@@ -435,7 +435,7 @@ def _restore_request(
     store = store.expanduser().absolute()
     if not store.is_dir():
         raise RequestError([("--store", f"{store} is not a directory")])
-    record: CaptureRecord | None = capture_record(Store(store), target)
+    record: CaptureRecord | None = capture_record(Store.open(store), target)
     if record is None:
         raise RequestError([("NAME", f"capsule {target} has no {RECORD_NAME}: use a request file")])
     driver, provider = driver or record.driver, provider or record.provider

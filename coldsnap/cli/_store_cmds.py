@@ -1,11 +1,13 @@
 """Store commands that need no engine: `ls` (the capsules of a store), `show NAME` (one capsule's
-identity and members), `gc` (remove what no capsule reaches). They read the store through
-coldsnap.artifacts and the capture record a capsule carries (coldsnap.capsules)."""
+identity and members), `rm` and `gc` (remove what no capsule reaches). They read the store through
+coldsnap.artifacts and the capture record a capsule carries (coldsnap.capsules), and open it as
+it is (`Store.open`): a directory that is not a store is refused, never made into one."""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,10 +15,17 @@ from typing import Any
 
 import click
 
-from coldsnap.artifacts import DIGEST_PREFIX, Capsule, Store, converter, from_json
+from coldsnap.artifacts import (
+    DIGEST_PREFIX,
+    ArtifactError,
+    Capsule,
+    Store,
+    converter,
+    from_json,
+)
 from coldsnap.capsules import RECORD_NAME, CaptureRecord
 
-from ._errors import reported
+from ._errors import OTHER, reported, say
 
 _STORE = click.option(
     "--store",
@@ -88,7 +97,23 @@ def _serves_on(record: CaptureRecord | None) -> str | None:
     return f"{record.serve_host or '127.0.0.1'}:{record.serve_port or '(capture port)'}"
 
 
-def _tags_by_capsule(store: Store) -> dict[str, list[str]]:
+def _tags_by_capsule(
+    store: Store, damaged: list[tuple[str, str]] | None = None
+) -> dict[str, list[str]]:
+    """The tags naming each capsule. With `damaged`, a tag that cannot be read is added there
+    and the others are still read; without it, it is an error."""
+    if damaged is None:
+        return _tags_by_capsule_strict(store)
+    out: dict[str, list[str]] = defaultdict(list)
+    for tag in store.tag_names():
+        try:
+            out[store.resolve(tag)].append(tag)
+        except ArtifactError as exc:
+            damaged.append((f"tag {tag!r}", str(exc)))
+    return out
+
+
+def _tags_by_capsule_strict(store: Store) -> dict[str, list[str]]:
     out: dict[str, list[str]] = defaultdict(list)
     for tag, digest in store.tags().items():
         out[digest].append(tag)
@@ -99,27 +124,49 @@ def _tags_by_capsule(store: Store) -> dict[str, list[str]]:
 @_STORE
 @click.option("--json", "as_json", is_flag=True, help="One JSON array instead of a table.")
 def ls(store: Path, as_json: bool) -> None:
-    """List the capsules in a store: tag, digest, size, driver, provider, model, created."""
+    """List the capsules in a store: tag, digest, size, driver, provider, model, created. A
+    capsule that cannot be read is listed as damaged, with why on stderr, and the others still
+    are; the exit status is then 1."""
     with reported(_debug):
-        found = Store(store)
-        tags = _tags_by_capsule(found)
-        rows = [summary(found, d, tags.get(d, [])) for d in found.capsules()]
+        found = Store.open(store)
+        damaged: list[tuple[str, str]] = []
+        tags = _tags_by_capsule(found, damaged)
+        rows: list[dict[str, Any]] = []
+        for digest in found.capsules():
+            try:
+                rows.append(summary(found, digest, tags.get(digest, [])))
+            except ArtifactError as exc:
+                damaged.append((f"capsule {digest}", str(exc)))
+                rows.append({"tags": tags.get(digest, []), "digest": digest, "damaged": str(exc)})
     if as_json:
         click.echo(json.dumps(rows, indent=2))
-        return
-    if not rows:
+    elif not rows:
         click.echo(f"no capsules in {store}")
-        return
+    else:
+        _table(rows)
+    for what, why in damaged:
+        say(f"{what} is damaged: {why}")
+    if damaged:
+        sys.exit(OTHER)
+
+
+def _table(rows: list[dict[str, Any]]) -> None:
     header = ("TAG", "DIGEST", "SIZE", "DRIVER", "PROVIDER", "MODEL", "CREATED")
     table = [header] + [
         (
             ",".join(r["tags"]) or "-",
             r["digest"].removeprefix(DIGEST_PREFIX)[:12],
-            _size(r["bytes"]),
-            r["driver"] or "-",
-            r["provider"] or "-",
-            f"{r['model_id'] or '-'}@{r['revision'] or '-'}",
-            r["created"],
+            *(
+                ("DAMAGED", "-", "-", "-", "-")
+                if "damaged" in r
+                else (
+                    _size(r["bytes"]),
+                    r["driver"] or "-",
+                    r["provider"] or "-",
+                    f"{r['model_id'] or '-'}@{r['revision'] or '-'}",
+                    r["created"],
+                )
+            ),
         )
         for r in rows
     ]
@@ -135,7 +182,7 @@ def ls(store: Path, as_json: bool) -> None:
 def show(name: str, store: Path, as_json: bool) -> None:
     """Show one capsule (by tag or sha256: digest): its identity and a summary of its members."""
     with reported(_debug):
-        found = Store(store)
+        found = Store.open(store)
         digest = found.resolve(name)
         capsule = found.capsule(digest)
         about = summary(found, digest, _tags_by_capsule(found).get(digest, []))
@@ -185,7 +232,7 @@ def rm(name: str, store: Path) -> None:
     """Unpublish a capsule (by tag or sha256: digest) and drop its tags; `gc` then frees what
     nothing else reaches."""
     with reported(_debug):
-        digest = Store(store).unpublish(name)
+        digest = Store.open(store).unpublish(name)
     click.echo(f"removed capsule {digest}; run `coldsnap gc` to free its objects")
 
 
@@ -201,7 +248,7 @@ def rm(name: str, store: Path) -> None:
 def gc(store: Path, grace: float) -> None:
     """Remove the objects no published capsule reaches (and stale temporary files)."""
     with reported(_debug):
-        report = Store(store).gc(grace_s=grace)
+        report = Store.open(store).gc(grace_s=grace)
     for digest in report.removed:
         click.echo(f"removed {digest}")
     click.echo(

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import uuid
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,67 @@ def test_an_existing_wide_open_store_is_made_private(tmp_path):
     os.chmod(root, 0o755)
     Store(root)
     assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
+
+
+def _shared_dir(root: Path) -> dict[str, int]:
+    """A world-writable sticky directory (like /tmp) holding a user's files, and the modes of
+    everything in it, to compare after."""
+    root.mkdir()
+    os.chmod(root, 0o1777)
+    (root / "tmp").mkdir()
+    (root / "tmp" / "someone-elses.part").write_bytes(b"keep me")
+    (root / "notes.txt").write_text("mine")
+    return {str(p): os.lstat(p).st_mode for p in [root, *root.rglob("*")]}
+
+
+def test_opening_a_directory_that_is_not_a_store_refuses_and_changes_nothing(tmp_path):
+    root = tmp_path / "shared"
+    before = _shared_dir(root)
+    with pytest.raises(StoreError, match="not a coldsnap store"):
+        Store.open(root)
+    with pytest.raises(StoreError, match="no store at"):
+        Store.open(tmp_path / "absent")
+    assert not (tmp_path / "absent").exists()
+    assert {str(p): os.lstat(p).st_mode for p in [root, *root.rglob("*")]} == before
+
+
+def test_a_store_is_not_made_in_a_directory_holding_other_files(tmp_path):
+    root = tmp_path / "shared"
+    before = _shared_dir(root)
+    with pytest.raises(StoreError, match="not a coldsnap store and not empty"):
+        Store(root)
+    assert {str(p): os.lstat(p).st_mode for p in [root, *root.rglob("*")]} == before
+
+
+def test_opening_an_existing_store_changes_no_mode(tmp_path):
+    root = tmp_path / "s"
+    Store(root).put_bytes(b"x")
+    os.chmod(root, 0o750)
+    opened = Store.open(root)
+    assert stat.S_IMODE(os.stat(root).st_mode) == 0o750
+    assert list(opened.objects()) == [sha(b"x")]
+
+
+def test_a_half_made_store_is_completed_by_a_writer(tmp_path):
+    root = tmp_path / "s"
+    root.mkdir()
+    (root / "objects").mkdir()  # what a crash between two mkdirs leaves
+    Store(root)
+    Store.open(root)
+
+
+def test_gc_removes_only_the_store_s_own_temporary_files(tmp_path):
+    store = Store(tmp_path / "s")
+    tmp = store.root / "tmp"
+    ours = tmp / f"{uuid.uuid4().hex}.adopt"
+    ours.write_bytes(b"a crash left it")
+    foreign = [tmp / "notes.part", tmp / "ABCDEF.part", tmp / f"{uuid.uuid4().hex}.txt"]
+    for path in foreign:
+        path.write_bytes(b"not the store's")
+    (tmp / "a-directory").mkdir()
+    Store.open(store.root).gc(grace_s=0)
+    assert not ours.exists()
+    assert all(path.exists() for path in foreign) and (tmp / "a-directory").is_dir()
 
 
 def test_writer_streams_and_an_aborted_writer_leaves_nothing(tmp_path):
@@ -242,14 +304,15 @@ def test_gc_removes_only_unreferenced_objects(tmp_path):
     drop = capsule_of(store, {"c": b"gamma"})
     drop_digest = store.publish(drop, tag="drop")
     loose = store.put_bytes(b"never published")
-    (store.root / "tmp" / "stale.part").write_bytes(b"half a write")
+    stale = store.root / "tmp" / f"{uuid.uuid4().hex}.part"
+    stale.write_bytes(b"half a write")
 
     young = store.gc()  # default grace: nothing young is touched
-    assert young.removed == () and (store.root / "tmp" / "stale.part").exists()
+    assert young.removed == () and stale.exists()
 
     report = store.gc(grace_s=0)
     assert report.removed == (loose,)
-    assert not (store.root / "tmp" / "stale.part").exists()
+    assert not stale.exists()
     store.unpublish("drop")
     assert store.tags() == {"keep": keep_digest}
     report = store.gc(grace_s=0)
@@ -446,13 +509,13 @@ def test_verify_reports_a_tag_naming_no_capsule(tmp_path):
     assert "tag 'cap'" in _bad(store)
 
 
-def test_gc_removes_a_stale_directory_in_tmp(tmp_path):
+def test_gc_leaves_a_directory_in_tmp_alone(tmp_path):
     store, _, _ = _published(tmp_path)
     stale = store.root / "tmp" / "leftover"
     (stale / "deeper").mkdir(parents=True)
     (stale / "deeper" / "f").write_bytes(b"x")
-    store.gc(grace_s=0)
-    assert not stale.exists()
+    store.gc(grace_s=0)  # the store writes no directory there: not its own to remove
+    assert (stale / "deeper" / "f").read_bytes() == b"x"
     assert store.verify().ok
 
 
