@@ -21,8 +21,6 @@ SERVING_ROOT = HOST_RUN / "serving"
 """The command line's records of served engines (by name)."""
 VERIFIED_ROOT = HOST_RUN / "verified"
 """Store objects this node verified in full (coldsnap.capsules._verified)."""
-SOURCES_ROOT = HOST_RUN / "sources"
-"""Values computed from source files, kept while the files are unchanged (an engine's build)."""
 HOST_STATE = Path("/var/lib/coldsnap")
 """What outlives a reboot."""
 DEFAULT_STORE = HOST_STATE / "store"
@@ -34,7 +32,6 @@ __all__ = [
     "HOST_RUN",
     "HOST_STATE",
     "SERVING_ROOT",
-    "SOURCES_ROOT",
     "TEMPLATES_ROOT",
     "VERIFIED_ROOT",
 ]

@@ -36,7 +36,6 @@ from ._identity import (
 )
 from ._names import DIGEST_PREFIX, digest_problem, member_name_problem
 from ._nodememo import Stamp, read_record, settled, write_record
-from ._sources import Persisted, SourceMemo
 from ._store import GcReport, ObjectWriter, Store, VerifyReport
 
 __all__ = [
@@ -54,13 +53,11 @@ __all__ = [
     "Member",
     "ModelBinding",
     "ObjectWriter",
-    "Persisted",
     "PhaseCoverage",
     "Platform",
     "RecordError",
     "ShapeCoverage",
     "SnapshotDriver",
-    "SourceMemo",
     "Stamp",
     "Store",
     "StoreError",

@@ -36,6 +36,9 @@ def _flatten(value: Any, name: str, out: dict[str, Any]) -> None:
     elif isinstance(value, tuple) and value and all(isinstance(v, FileDigest) for v in value):
         for item in value:
             out[f"{name}[{item.name}]"] = item.sha256
+    elif isinstance(value, dict) and value:  # a file -> digest map: each file its own field
+        for key in sorted(value):
+            out[f"{name}[{key}]"] = value[key]
     else:
         out[name] = value
 

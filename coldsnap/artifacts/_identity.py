@@ -5,22 +5,41 @@ so the same capture restores on any host of the same build and shape."""
 from __future__ import annotations
 
 import re
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from attrs import field, frozen
 
 from . import _validate as v
+from ._names import digest_problem, member_name_problem
 
-IDENTITY_FORMAT = 1
+IDENTITY_FORMAT = 2
+IDENTITY_READS = (1, 2)
+"""Format 2 adds the engine's source digests (`EngineBuild.sources`); a format-1 identity has
+none, and its engine build is taken again from the engine on admit."""
+
+
+def _source_digests(_: object, attribute: Any, value: object) -> None:
+    """file (a relative POSIX name) -> `sha256:` digest, every entry checked by name."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{attribute.name}: a mapping of file to digest is required")
+    for name, digest in value.items():
+        why = member_name_problem(name) or digest_problem(digest)
+        if why is not None:
+            raise ValueError(f"{attribute.name}[{name}]: {why}")
 
 
 @frozen
 class EngineBuild:
-    """The engine and the digest of the engine sources and signatures the plugin relies on."""
+    """The engine and the digest of the engine sources and signatures the plugin relies on.
+
+    sources: the digest of each source file that digest (and the plugin's) is read from, named
+    relative to the folder holding its top-level package: what lets admit check the install
+    without importing the engine. Empty where the engine records none."""
 
     name: str = field(validator=v.text)
     version: str = field(validator=v.text)
     contract_digest: str = field(validator=v.text)
+    sources: dict[str, str] = field(factory=dict, validator=_source_digests)
 
 
 @frozen
@@ -125,5 +144,9 @@ class Identity:
     snapshot: SnapshotDriver
     draft: ModelBinding | None = None
     shapes: ShapeCoverage | None = None
-    format: int = field(default=IDENTITY_FORMAT, validator=v.exactly(IDENTITY_FORMAT))
+    format: int = field(default=IDENTITY_FORMAT, validator=v.one_of(IDENTITY_READS))
     kind: str = field(default=KIND, validator=v.exactly(KIND))
+
+    def __attrs_post_init__(self) -> None:
+        if self.format < 2 and self.engine.sources:
+            raise ValueError(f"engine.sources: a format-{self.format} identity cannot carry them")

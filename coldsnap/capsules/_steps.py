@@ -165,7 +165,7 @@ class StoreArtifacts:
         indexes = [m for m in members if m.role == PAYLOAD_ROLE and m.name.endswith("index.json")]
         layout = indexes[0].digest if indexes else _files_digest(checkpoint)
         identity = Identity(
-            engine=EngineBuild(build.engine, build.version, build.contract),
+            engine=EngineBuild(build.engine, build.version, build.contract, build.sources),
             plugin_digest=build.plugin_digest,
             model=_binding(model, checkpoint, layout),
             topology=Topology(request.tp, 1, 0, request.tp),
@@ -254,10 +254,27 @@ class StoreArtifacts:
         return None
 
     def _runtime(self, ctx: StepContext, captured: Identity) -> Identity:
-        """This host's identity: the captured model, with what this host decides itself."""
-        build = self.engine.build()
+        """This host's identity: the captured model, with what this host decides itself. An
+        engine build that records its source files is checked by them (the engine raises
+        IncompatibleArtifact naming a changed one; nothing is imported); one that records none
+        (an identity of format 1, an engine that keeps none) is taken again from the engine."""
+        recorded = captured.engine
+        if recorded.sources:
+            build = self.engine.build(
+                InstalledBuild(
+                    engine=recorded.name,
+                    version=recorded.version,
+                    contract=recorded.contract_digest,
+                    plugin_digest=captured.plugin_digest,
+                    sources=dict(recorded.sources),
+                )
+            )
+        else:
+            build = self.engine.build()
+        sources = build.sources if recorded.sources else {}
         return Identity(
-            engine=EngineBuild(build.engine, build.version, build.contract),
+            engine=EngineBuild(build.engine, build.version, build.contract, sources),
+            format=captured.format,  # compared in the capture's terms
             plugin_digest=build.plugin_digest,
             model=captured.model,
             topology=captured.topology,

@@ -138,6 +138,12 @@ class InstalledBuild:
     variants: dict[str, str] = field(factory=dict)
     """contract -> the variant of it this build uses (what `contract` and `plugin_digest` fold
     in)."""
+    sources: dict[str, str] = field(factory=dict)
+    """source file -> its sha256 digest: the files `contract` and `plugin_digest` are read
+    from, each named relative to the folder the import path finds its top-level package in
+    (`sglang/srt/managers/scheduler.py`). An engine that records them can check a capsule's
+    build against the install by hashing those files, without importing the engine
+    (`Engine.build(recorded)`); empty for one that does not."""
 
 
 @runtime_checkable

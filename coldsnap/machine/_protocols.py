@@ -78,8 +78,14 @@ class Engine(Component, Protocol):
         cannot take; the field is `engine_options.<key>`."""
         ...
 
-    def build(self) -> InstalledBuild:
-        """The engine installed here: name, version, contract and plugin digests, variants."""
+    def build(self, recorded: InstalledBuild | None = None) -> InstalledBuild:
+        """The engine installed here: name, version, contract and plugin digests, variants and
+        (where the engine records them) the digests of the files those are read from.
+
+        None: taken from the engine itself (a capture's seal; it may import the engine).
+        `recorded`: a capsule's build, passed only where it records `sources`; returned when
+        the install here is the one it was taken from, checked by those files without
+        importing the engine, else IncompatibleArtifact naming each changed field or file."""
         ...
 
     def parse_command_line(self, argv: Sequence[str]) -> LaunchLine:

@@ -713,6 +713,40 @@ def variants_checked() -> dict[str, str] | None:
     return {k: f"{c.seen_in}:{c.variant}" for k, c in _CHECKED.items()}
 
 
+def contract_files(contracts: Iterable[Contract] = CONTRACTS) -> list[str]:
+    """The source files the contracts are read from: for every variant whose target resolves,
+    the file of the module it is looked up in and of the module its object is defined in (a
+    re-export, an inherited method). What the engine adapter hashes at capture, so that a
+    restore checks the installed build by those files instead of importing SGLang. Resolves
+    only what a check here imported already; run it after `check()`."""
+    import sys
+
+    files: set[str] = set()
+    for c in contracts:
+        for alt in c.alternatives():
+            module_path = alt.target.rpartition(".")[0]
+            try:
+                owner = pkgutil.resolve_name(module_path)
+                obj = _unwrap(_resolve(alt.target))
+            except (ImportError, AttributeError, ValueError, LookupError):
+                continue  # an absent variant: nothing of it is read
+            for thing in (owner, obj, getattr(obj, "fget", None)):
+                module_of = thing if inspect.ismodule(thing) else None
+                name = module_of.__name__ if module_of else getattr(thing, "__module__", None)
+                module = sys.modules.get(name) if isinstance(name, str) else None
+                path = getattr(module, "__file__", None)
+                if path:
+                    files.add(path)
+    return sorted(files)
+
+
+def plugin_files() -> list[str]:
+    """The plugin's own source files, which `plugin_digest()` hashes."""
+    from pathlib import Path
+
+    return [str(p) for p in sorted(Path(__file__).resolve().parent.glob("*.py"))]
+
+
 def plugin_digest() -> str:
     """sha256 over this plugin's own source files (name and bytes) and the contract variants in
     use of the SGLang build this process checked (`digest()`, `check()` or `admit()` ran here:
@@ -721,8 +755,7 @@ def plugin_digest() -> str:
     from pathlib import Path
 
     h = hashlib.sha256()
-    here = Path(__file__).resolve().parent
-    for path in sorted(here.glob("*.py")):
+    for path in map(Path, plugin_files()):
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     in_use = variants_checked()
     if in_use is not None:

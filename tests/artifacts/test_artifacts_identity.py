@@ -33,6 +33,7 @@ from coldsnap.artifacts import (
     to_json,
     tree_digest,
 )
+from coldsnap.artifacts._identity import IDENTITY_READS
 
 pytestmark = pytest.mark.xdist_group("host")
 
@@ -164,6 +165,7 @@ def test_topology_rank_must_be_inside_the_world():
 def test_damaged_identity_json_is_refused_with_its_field(make_identity, path, junk):
     data = json.loads(to_json(make_identity()))
     assume(data[path[0]] != junk)
+    assume(path != ["format"] or junk not in IDENTITY_READS)  # an older format it reads
     data[path[0]] = junk
     with pytest.raises(RecordError) as info:
         from_json(data, Identity)

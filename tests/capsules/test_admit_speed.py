@@ -1,7 +1,8 @@
-"""What keeps an admit cheap without weakening it: the engine's identity is taken again only
-when a file it is read from may have changed (coldsnap.artifacts.SourceMemo, used by
-installed_sglang), and a seal remembers the image objects it hashed, so the first restore does
-not hash them again while their inodes are unchanged."""
+"""What keeps an admit cheap without weakening it: a capsule's engine build that names its source
+files is checked by hashing them where they are now (`Engine.build(recorded)`), never by taking
+the engine's build again (which imports the engine), and a changed file is refused by name; a
+seal remembers the image objects it hashed, so the first restore does not hash them again while
+their inodes are unchanged."""
 
 from __future__ import annotations
 
@@ -11,151 +12,140 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
-from coldsnap.artifacts import IntegrityError, SourceMemo, Store
+from coldsnap.artifacts import IncompatibleArtifact, IntegrityError, Store, sha256_file
 from coldsnap.capsules import StoreArtifacts
 from coldsnap.capsules import _steps as capsule_steps
 from coldsnap.capsules._verified import Seen, VerifiedObjects
 from coldsnap.engines.sglang import _build as sglang_build
+from coldsnap.machine import InstalledBuild
 from coldsnap.machine import steps as s
 
 OLD = time.time() - 3600  # written an hour ago: settled
 
 
-class Counting:
-    def __init__(self) -> None:
-        self.calls = 0
+class SourcesEngine:
+    """The store's test engine, whose build names one source file of a package on the import
+    path, and which checks a recorded build the SGLang adapter's way (`recorded_sglang`)."""
 
-    def __call__(self) -> str:
-        self.calls += 1
-        return f"value {self.calls}"
+    def __init__(self, source: Path) -> None:
+        from tests.capsules.test_store_steps import Engine
 
+        self._base = Engine()
+        self.name, self.capabilities = self._base.name, self._base.capabilities
+        self.source = source
+        self.taken = 0  # builds taken from the engine itself (what imports it)
 
-def _settled(path: Path, data: str | None = None) -> Path:
-    if data is not None:
-        path.write_text(data)
-    os.utime(path, (OLD, OLD))
-    return path
+    def build(self, recorded: InstalledBuild | None = None) -> InstalledBuild:
+        if recorded is not None:
+            return sglang_build.recorded_sglang(recorded)
+        self.taken += 1
+        base = self._base.build()
+        return attrs.evolve(
+            base,
+            engine=sglang_build.ENGINE,
+            version="1.0",
+            sources={sglang_build.source_key(self.source): sha256_file(self.source)},
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._base, name)
 
 
 @pytest.fixture
-def sources(tmp_path: Path) -> list[str]:
-    folder = tmp_path / "pkg"
-    folder.mkdir()
-    a = _settled(folder / "a.py", "x = 1\n")
-    b = _settled(folder / "b.py", "y = 2\n")
-    _settled(folder)
-    return [str(a), str(b), str(folder)]
+def package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A top-level package on the import path, never imported: its module's file."""
+    root = tmp_path / "path"
+    (root / "enginepkg").mkdir(parents=True)
+    (root / "enginepkg" / "__init__.py").write_text("")
+    module = root / "enginepkg" / "scheduler.py"
+    module.write_text("def serve():\n    return 1\n")
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setattr(sglang_build, "_version", lambda: "1.0")  # its distribution's metadata
+    return module
 
 
-def test_the_value_is_kept_while_its_sources_are_unchanged(sources: list[str]) -> None:
-    compute = Counting()
-    memo = SourceMemo(compute, lambda: sources)
-    assert [memo(), memo(), memo()] == ["value 1"] * 3
-    assert compute.calls == 1
+def _sealed(tmp_path: Path, engine: SourcesEngine) -> None:
+    from tests.capsules.test_store_steps import Ctx, _capture_request
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    image = tmp_path / "op" / "image"
+    image.mkdir(parents=True)
+    (image / "core-1.img").write_bytes(b"core" * 100)
+    facts: dict[str, Any] = {s.IMAGE_DIR.name: str(image), s.IMAGE_BYTES.name: 400}
+    seal = Ctx(_capture_request(tmp_path, model), tmp_path / "op", facts, s.SEAL)
+    StoreArtifacts(engine, VerifiedObjects(tmp_path / "verified")).seal(seal)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("change", ["rewrite", "touch", "add_module", "remove"])
-def test_any_change_a_stat_can_see_computes_again(
-    sources: list[str], tmp_path: Path, change: str
+def _admit(tmp_path: Path, engine: SourcesEngine) -> dict[str, Any]:
+    from tests.capsules.test_store_steps import Ctx, _restore_request
+
+    admit = Ctx(_restore_request(tmp_path), tmp_path / "res", {}, s.ADMIT)
+    return StoreArtifacts(engine, VerifiedObjects(tmp_path / "verified")).admit(admit)  # type: ignore[arg-type]
+
+
+def test_the_capsule_binds_the_source_files_of_the_engine_build(
+    tmp_path: Path, package: Path
 ) -> None:
-    compute = Counting()
-    memo = SourceMemo(compute, lambda: sources)
-    assert memo() == "value 1"
-    a = Path(sources[0])
-    if change == "rewrite":
-        a.write_text("x = 10\n")
-        os.utime(a, (OLD, OLD))  # even with its time put back: the size differs
-    elif change == "touch":
-        os.utime(a)
-    elif change == "add_module":
-        (tmp_path / "pkg" / "c.py").write_text("z = 3\n")  # the folder lists one more
+    engine = SourcesEngine(package)
+    _sealed(tmp_path, engine)
+    identity = Store(tmp_path / "store").capsule("cap").identity
+    assert identity is not None and identity.format == 2
+    assert identity.engine.sources == {"enginepkg/scheduler.py": sha256_file(package)}
+
+
+def test_admit_checks_the_recorded_build_by_its_files_without_taking_it_again(
+    tmp_path: Path, package: Path
+) -> None:
+    engine = SourcesEngine(package)
+    _sealed(tmp_path, engine)
+    made = _admit(tmp_path, engine)
+    assert engine.taken == 1  # the seal's, never the admit's
+    assert Path(made[s.IMAGE_DIR.name], "core-1.img").read_bytes() == b"core" * 100
+    assert "enginepkg" not in __import__("sys").modules
+
+
+@pytest.mark.parametrize("change", ["edit", "remove"])
+def test_admit_refuses_a_changed_engine_file_by_name(
+    tmp_path: Path, package: Path, change: str
+) -> None:
+    engine = SourcesEngine(package)
+    _sealed(tmp_path, engine)
+    recorded = sha256_file(package)
+    if change == "edit":
+        package.write_text("def serve():\n    return 2\n")
     else:
-        a.unlink()
-    assert memo() == "value 2"
-    assert compute.calls == 2
+        package.unlink()
+    with pytest.raises(IncompatibleArtifact) as info:
+        _admit(tmp_path, engine)
+    (difference,) = info.value.differences
+    assert difference.field == "engine.sources[enginepkg/scheduler.py]"
+    assert difference.expected == recorded
+    assert difference.found == (sha256_file(package) if change == "edit" else "missing")
+    assert "enginepkg/scheduler.py" in str(info.value)
+    assert not (tmp_path / "res" / "image").exists()  # nothing laid out
 
 
-def test_bytecode_caches_and_dot_folders_beside_the_sources_are_no_change(
-    sources: list[str], tmp_path: Path
+def test_admit_refuses_another_engine_version(
+    tmp_path: Path, package: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The first import of a fresh install writes `__pycache__` into its package folders, and
-    tools make dot-folders in a checkout on the import path: neither changes what is imported,
-    so neither computes again (it made the first use of every fresh clone compute twice)."""
-    compute = Counting()
-    memo = SourceMemo(compute, lambda: sources)
-    assert memo() == "value 1"
-    (tmp_path / "pkg" / "__pycache__").mkdir()
-    (tmp_path / "pkg" / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\0")
-    (tmp_path / "pkg" / ".pytest_cache").mkdir()
-    assert [memo(), memo()] == ["value 1", "value 1"]
-    assert compute.calls == 1
+    engine = SourcesEngine(package)
+    _sealed(tmp_path, engine)
+    monkeypatch.setattr(sglang_build, "_version", lambda: "2.0")
+    with pytest.raises(IncompatibleArtifact, match=r"engine\.version: expected 1\.0, found 2\.0"):
+        _admit(tmp_path, engine)
 
 
-def test_sources_written_just_before_are_not_trusted(tmp_path: Path) -> None:
-    fresh = tmp_path / "fresh.py"
-    fresh.write_text("x = 1\n")  # a write in the same clock tick could leave mtime as is
-    compute = Counting()
-    memo = SourceMemo(compute, lambda: [str(fresh)])
-    assert [memo(), memo()] == ["value 1", "value 2"]
-    _settled(fresh)
-    assert [memo(), memo()] == ["value 3", "value 3"]
-
-
-def test_a_failed_computation_keeps_nothing(sources: list[str]) -> None:
-    calls: list[int] = []
-
-    def flaky() -> str:
-        calls.append(1)
-        if len(calls) == 1:
-            raise RuntimeError("contract check failed")
-        return "ok"
-
-    memo = SourceMemo(flaky, lambda: sources)
-    with pytest.raises(RuntimeError, match="contract check failed"):
-        memo()
-    assert [memo(), memo()] == ["ok", "ok"]
-    assert len(calls) == 2
-
-
-def test_installed_sglang_checks_the_contracts_once_per_unchanged_install(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    import coldsnap.plugin
-    from coldsnap.artifacts import _sources
-
-    # The patched digest must reach neither the node's identity record nor from it.
-    monkeypatch.setattr(_sources, "SOURCES_ROOT", tmp_path / "sources")
-    digests: list[int] = []
-
-    def digest() -> str:
-        digests.append(1)
-        return "sha256:contracts"
-
-    monkeypatch.setattr(coldsnap.plugin, "digest", digest)
-    sglang_build._INSTALLED.forget()
-    try:
-        first = sglang_build.installed_sglang()
-        assert sglang_build.installed_sglang() == first
-        assert (first.engine, first.contract) == ("sglang", "sha256:contracts")
-        assert len(digests) == 1
-    finally:
-        sglang_build._INSTALLED.forget()  # the patched digest must not outlive this test
-
-
-def test_installed_sglang_names_the_plugin_sources_and_the_distributions() -> None:
-    """The plugin's files (its contract table), their folder, and the folder SGLang's
-    distribution metadata lies in (an upgrade renames its .dist-info there)."""
-    import importlib.metadata
-
-    import coldsnap.plugin._contracts as contracts
-
-    named = sglang_build._sglang_sources()
-    site = str(importlib.metadata.distribution("sglang").locate_file(""))
-    assert contracts.__file__ in named
-    assert os.path.dirname(contracts.__file__) in named
-    assert os.path.normpath(site) in {os.path.normpath(p) for p in named}
+def test_a_source_key_finds_its_file_again_through_the_import_path(package: Path) -> None:
+    key = sglang_build.source_key(package)
+    assert key == "enginepkg/scheduler.py"
+    assert sglang_build._locate(key) == package.resolve()
+    with pytest.raises(ValueError, match="no module of the import path"):
+        sglang_build.source_key(package.parent.parent.parent / "elsewhere.py")
 
 
 # -- the seal remembers what it hashed ------------------------------------------------------

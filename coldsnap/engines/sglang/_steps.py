@@ -37,7 +37,7 @@ from coldsnap.engines import EngineClient, EngineError, EnginePolicy
 from coldsnap.machine import InstalledBuild, Launcher, Skipped, StepContext, WeightSource
 from coldsnap.machine import steps as s
 
-from ._build import installed_sglang
+from ._build import installed_sglang, recorded_sglang
 from ._cmdline import SGLangCommandLine
 from ._launcher import export_dir
 from ._options import GRAPH_SAVER_ENV
@@ -110,8 +110,12 @@ class SGLangEngine(SGLangCommandLine):
         self._identity = identity or installed_sglang
         self._transport = transport  # tests hand an httpx.MockTransport
 
-    def build(self) -> InstalledBuild:
-        """The engine installed here (name, version, contract and plugin digests, variants)."""
+    def build(self, recorded: InstalledBuild | None = None) -> InstalledBuild:
+        """The engine installed here (name, version, contract and plugin digests, variants,
+        source digests): taken by importing SGLang, or, given a capsule's `recorded` build,
+        checked by its source files without importing it (`recorded_sglang`)."""
+        if recorded is not None:
+            return recorded_sglang(recorded)
         return self._identity()
 
     def _client(self, ctx: StepContext) -> EngineClient:

@@ -28,6 +28,9 @@ from pathlib import Path
 from coldsnap._errors import EnvironmentMissing, RefusedError
 
 PYTHONPATH_DIR = Path(__file__).resolve().parent / "pythonpath"
+STAND_INS = ("sgl_kernel/__init__.py", "_coldsnap_cpu_support.py")
+"""The stand-ins' files SGLang's processes import from PYTHONPATH_DIR (its sitecustomize only
+arms the second)."""
 # A directory holding another SGLang release (pip install --target), put after the stand-ins.
 OVERLAY_VARIABLE = "COLDSNAP_SGLANG_OVERLAY"
 
@@ -131,6 +134,7 @@ __all__ = [
     "CPU_MEMORY_ARGS",
     "OVERLAY_VARIABLE",
     "PYTHONPATH_DIR",
+    "STAND_INS",
     "GpuInstallError",
     "OverlayError",
     "activate",
