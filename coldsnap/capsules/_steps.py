@@ -8,6 +8,7 @@ which build is installed here (`engine.build()`).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -55,7 +56,7 @@ from coldsnap.machine import Engine, InstalledBuild, LifecycleRequest, Skipped, 
 from coldsnap.machine import steps as s
 
 from ._record import RECORD_NAME, CaptureRecord, read_record
-from ._verified import Seen, VerifiedObjects
+from ._verified import Seen, VerifiedObjects, ours_alone
 
 IMAGE_ROLE, IMAGE_PREFIX = "process-image", "image"
 PAYLOAD_ROLE, PAYLOAD_PREFIX = "payload", "payload"
@@ -139,7 +140,7 @@ class StoreArtifacts:
         digest = ctx.facts.get(s.CAPSULE_DIGEST.name)
         if digest is None:
             return  # the seal failed before it chose a capsule: nothing was published
-        store = Store(ctx.request.store)
+        store = Store.open(ctx.request.store)
         if ctx.facts.get(s.CAPSULE_CREATED.name) and digest in store.capsules():
             store.unpublish(digest)
         name, previous = ctx.request.name, ctx.facts.get(s.CAPSULE_TAG_WAS.name)
@@ -186,9 +187,10 @@ class StoreArtifacts:
     def admit(self, ctx: StepContext) -> dict[str, Any]:
         """Loads the capsule the request names, refuses it unless it was captured with the
         request's driver, provider and engine and its identity fits this runtime, then lays out
-        its process image (and payload, if it has one) under the workdir as hard links."""
+        its process image (and payload, if it has one) under the workdir and rehashes every
+        file laid out against the manifest (`_lay_out`)."""
         request = ctx.request
-        store = Store(request.store)
+        store = Store.open(request.store)
         digest = store.resolve(request.artifact)
         capsule = store.capsule(digest)
         record = _read_record(store, capsule, request.artifact)
@@ -209,16 +211,10 @@ class StoreArtifacts:
             )
         _check_request_binds(self.engine, request, capsule.identity, record)
         check_compatible(capsule.identity, self._runtime(ctx, capsule.identity))
-        dest = ctx.workdir / LAYOUT_IMAGE
-        image = _link_tree(store, capsule.by_role(IMAGE_ROLE), IMAGE_PREFIX, dest)
+        members, payload = capsule.by_role(IMAGE_ROLE), capsule.by_role(PAYLOAD_ROLE)
+        meter = _Meter(ctx, "verified", sum(m.size for m in (*members, *payload)))
         t0 = time.perf_counter()
-        members = capsule.by_role(IMAGE_ROLE)
-        meter = _Meter(ctx, "verified", sum(m.size for m in members))
-        try:
-            verify_layout(members, IMAGE_PREFIX, image, self.verified, meter)
-        except IntegrityError:
-            shutil.rmtree(image, ignore_errors=True)  # no unverified image stays laid out
-            raise
+        image = self._lay_out(store, members, IMAGE_PREFIX, ctx.workdir / LAYOUT_IMAGE, meter)
         verify_seconds = time.perf_counter() - t0
         facts: dict[str, Any] = {
             s.VERIFY_IMAGE_SECONDS.name: verify_seconds,
@@ -233,11 +229,31 @@ class StoreArtifacts:
                 for f in (capsule.identity.draft.checkpoint if capsule.identity.draft else ())
             },
         }
-        payload = capsule.by_role(PAYLOAD_ROLE)
         if payload:
             dest = ctx.workdir / LAYOUT_PAYLOAD
-            facts[s.PAYLOAD_DIR.name] = str(_link_tree(store, payload, PAYLOAD_PREFIX, dest))
+            laid_out = self._lay_out(store, payload, PAYLOAD_PREFIX, dest, meter)
+            facts[s.PAYLOAD_DIR.name] = str(laid_out)
         return facts
+
+    def _lay_out(
+        self,
+        store: Store,
+        members: tuple[Member, ...],
+        prefix: str,
+        dest: Path,
+        meter: Callable[[int], None],
+    ) -> Path:
+        """Lays `members` out under `dest` and rehashes them there against the manifest (every
+        member a restore reads: the process image, and the payload's packs and their index,
+        whose checksums are all a later stage checks the packs by). Nothing unverified stays
+        laid out."""
+        _link_tree(store, members, prefix, dest)
+        try:
+            verify_layout(members, prefix, dest, self.verified, meter)
+        except IntegrityError:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise
+        return dest
 
     def discard_layout(self, ctx: StepContext) -> Skipped | None:
         """Undoes admit: removes the image and payload it laid out under the workdir (hard
@@ -420,7 +436,7 @@ def verify_layout(
                 problems[bad[0]] = f"member {bad[0]!r}: {bad[1]}"
     if problems:
         raise IntegrityError(
-            f"{len(problems)} of {len(todo)} members of the process image are damaged:\n  "
+            f"{len(problems)} of {len(todo)} members laid out under {dest} are damaged:\n  "
             + "\n  ".join(problems[name] for name in sorted(problems))
         )
     if verified is not None:
@@ -506,7 +522,7 @@ def _seal_trees(
             syncs=syncs,
             progress=progress,
         )
-        if tree.blocks and verified is not None and (st := taken.hashed) is not None:
+        if verified is not None and (st := taken.hashed) is not None:
             seen = Seen(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             verified.remember(taken.digest, store.path(taken.digest), seen)
         name = f"{tree.prefix}/{path.relative_to(tree.root).as_posix()}"
@@ -529,23 +545,44 @@ def _seal_trees(
 
 
 def _link_tree(store: Store, members: Iterable[Member], prefix: str, dest: Path) -> Path:
-    """Lays members out under `dest` as hard links to the store's objects (copies where `dest`
-    is on another filesystem). A file already there is kept: a retried admit resumes."""
+    """Lays members out under `dest` (folders 0700): as hard links to the store's objects where
+    only this user can write them, as private copies (0600) where another user could (a store
+    that user made: what is verified must be what is read, and its owner could change a linked
+    file between the two) or where `dest` is on another filesystem. A file already there is
+    kept: a retried admit resumes (and verifies it like the rest)."""
     for member in members:
         target = dest / member.name.removeprefix(prefix + "/")
         if target.exists():
             continue
-        target.parent.mkdir(parents=True, exist_ok=True)
+        _private_dirs(dest, target.parent)
         source = store.path(member.digest)
+        if ours_alone(os.lstat(source)):
+            try:
+                os.link(source, target)
+                continue
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+        partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}.part")
+        os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
         try:
-            os.link(source, target)
-        except OSError as exc:
-            if exc.errno != errno.EXDEV:
-                raise
-            partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}.part")
-            shutil.copyfile(source, partial)
+            shutil.copyfile(source, partial)  # into the private file made above: stays 0600
             os.replace(partial, target)  # never a half-copied file under the final name
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
     return dest
+
+
+def _private_dirs(top: Path, leaf: Path) -> None:
+    """Makes `top` (and any folder above it that is missing) and the folders under it down to
+    `leaf`, each 0700."""
+    top.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = top
+    for part in leaf.relative_to(top).parts:
+        path = path / part
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o700)
 
 
 def _read_record(store: Store, capsule: Capsule, artifact: str) -> CaptureRecord:

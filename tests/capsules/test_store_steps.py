@@ -614,10 +614,10 @@ def test_discard_layout_undoes_admit_and_keeps_the_store(tmp_path: Path, model: 
 
 def test_seal_and_admit_show_their_bytes_as_they_go(tmp_path: Path, model: Path) -> None:
     """Seal counts every byte it takes in (image and payload) and every image block it hashes;
-    admit every image byte it verifies: each meter ends at its total."""
+    admit every byte it verifies (image and payload): each meter ends at its total."""
     sealed = _seal(tmp_path, model, payload=True)
     image, payload = len(b"pages") + len(b"p"), len(b"{}") + len(b"pack")  # as _seal lays out
     ends = {what: (done, total) for what, done, total in sealed.advanced}
     assert ends == {"sealed": (image + payload,) * 2, "hashed image blocks": (image, image)}
     admitted = _admit(tmp_path)
-    assert admitted.advanced[-1] == ("verified", image, image)
+    assert admitted.advanced[-1] == ("verified", image + payload, image + payload)

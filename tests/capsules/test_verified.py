@@ -90,3 +90,43 @@ def test_an_unreadable_or_foreign_record_means_hash_again(tmp_path: Path, record
 def test_a_digest_that_is_no_name_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not an object digest"):
         VerifiedObjects(tmp_path).unchanged("sha256:../../etc", tmp_path)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_a_file_another_user_owns_is_hashed_at_every_use(tmp_path: Path) -> None:
+    """Its owner may write it and put the mtime back: its stamp proves nothing."""
+    cache = VerifiedObjects(tmp_path / "verified")
+    members = [_member(tmp_path, "pages-1.img", b"f" * 4096)]
+    path = tmp_path / "image" / "pages-1.img"
+    os.chown(path, 12345, 12345)
+    verify_layout(members, "image", tmp_path / "image", cache)
+    before = os.lstat(path)
+    _flip(path)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with pytest.raises(IntegrityError, match=r"pages-1\.img"):
+        verify_layout(members, "image", tmp_path / "image", cache)
+
+
+def test_a_file_others_may_write_is_hashed_at_every_use(tmp_path: Path) -> None:
+    cache = VerifiedObjects(tmp_path / "verified")
+    members = [_member(tmp_path, "pages-1.img", b"g" * 4096)]
+    path = tmp_path / "image" / "pages-1.img"
+    os.chmod(path, 0o666)
+    verify_layout(members, "image", tmp_path / "image", cache)
+    before = os.lstat(path)
+    _flip(path)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with pytest.raises(IntegrityError, match=r"pages-1\.img"):
+        verify_layout(members, "image", tmp_path / "image", cache)
+
+
+def test_a_record_of_the_former_format_is_not_taken(tmp_path: Path) -> None:
+    """Records that named no owner are read as no record: the member is hashed once more."""
+    cache = VerifiedObjects(tmp_path / "verified")
+    members = [_member(tmp_path, "pages-1.img", b"h" * 100)]
+    verify_layout(members, "image", tmp_path / "image", cache)
+    record_path = next((tmp_path / "verified").rglob("*.json"))
+    old = json.loads(record_path.read_text())
+    old.pop("owner")
+    record_path.write_text(json.dumps({**old, "format": 1}))
+    assert verify_layout(members, "image", tmp_path / "image", cache) == 100
