@@ -403,6 +403,9 @@ class Run:
             stop = subprocess.run([*cli, "stop", name], capture_output=True, text=True,
                                   timeout=120, check=False)  # fmt: skip
             rec["stop_rc"] = stop.returncode
+            # The restored tree outlived the command that restored it and was handed to this
+            # process (the subreaper): its zombies would hold the image's PIDs for the next one.
+            reap_children()
             if stop.returncode != 0:
                 rec["stop_error"] = (stop.stdout + stop.stderr)[-1500:]
         return rec
