@@ -402,7 +402,10 @@ class SchedulerHooks:
         self._require_registered()
         staged: dict[str, Any] = {"nccl": None, "sources": {}, "verify_seconds": {}, "rank": rank}
         if plan.source == PAYLOAD_SOURCE:
-            verify = not (plan.preverified or self.settings.artifact_preverified)
+            # The plan alone says whether this refill was verified just before: the launch's
+            # COLDSNAP_ARTIFACT_PREVERIFIED spoke for the startup hydration only, and a later
+            # resume (a wake) must not inherit it.
+            verify = not plan.preverified
             for entry in self.registry.models():
                 src = _payload.pack_dir(plan.payload_dir, rank, entry.role)
                 source, seconds = _payload.prepare(entry.model, src, verify=verify)

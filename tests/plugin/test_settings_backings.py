@@ -188,9 +188,9 @@ def test_a_recovery_is_refused_when_the_residual_could_not_be_kept(
 
 
 @pytest.mark.parametrize(("setting", "plan_says", "verify"), [
-    (False, False, True), (True, False, False), (False, True, False),
+    (False, False, True), (True, False, True), (False, True, False),
 ])  # fmt: skip
-def test_preverified_is_the_settings_reading_passed_to_hydration(
+def test_a_resume_verifies_unless_its_plan_says_preverified(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: bool, plan_says: bool,
     verify: bool,
 ) -> None:  # fmt: skip

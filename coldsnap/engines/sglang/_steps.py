@@ -34,7 +34,14 @@ from coldsnap._wire import (
 )
 from coldsnap.backends.procs import running
 from coldsnap.engines import EngineClient, EngineError, EnginePolicy
-from coldsnap.machine import InstalledBuild, Launcher, Skipped, StepContext, WeightSource
+from coldsnap.machine import (
+    InstalledBuild,
+    Launcher,
+    LifecycleRequest,
+    Skipped,
+    StepContext,
+    WeightSource,
+)
 from coldsnap.machine import steps as s
 
 from ._build import installed_sglang, recorded_sglang
@@ -248,8 +255,14 @@ class SGLangEngine(SGLangCommandLine):
     def resume_weights(self, ctx: StepContext) -> dict[str, Any]:
         """Writes the provider's weight source as the resume plan, with a fresh seed for this
         restore (the same for every rank), then resumes the weights; the plugin hydrates the
-        payload or reloads the pinned checkpoint before the call returns."""
-        seed = self._write_plan(ctx, dict(ctx.facts[s.WEIGHT_SOURCE.name]))
+        payload or reloads the pinned checkpoint before the call returns. Only a restore hands
+        on the stage's `preverified` (its refill is the cold start's critical path, right after
+        admission verified the files against the manifest); a wake's engine checks every block
+        as it reads it, whatever was verified before."""
+        source = dict(ctx.facts[s.WEIGHT_SOURCE.name])
+        if isinstance(ctx.request, LifecycleRequest):
+            source["preverified"] = False
+        seed = self._write_plan(ctx, source)
         with self._client(ctx) as client, self._naming_ranks(ctx, "resume_weights"):
             client.resume([WEIGHTS])
         return {s.RESUME_SEED.name: seed}
