@@ -124,6 +124,9 @@ class SchedulerHooks:
         self.adapters: list[ColdsnapMemorySaverAdapter] = []
         # role -> what the model's checkpoint does not hold, kept at the last weights release
         self.residuals: dict[str, _payload.Residual] = {}
+        # the payload directory this process was last refilled from (a restore or a wake): its
+        # capsule holds the weights, so no later release exports them again
+        self.refilled_from: str | None = None
 
     def targets(self) -> list[tuple[str, str, Any]]:
         """(target, hook type, hook) for HookRegistry."""
@@ -259,7 +262,10 @@ class SchedulerHooks:
         self._require_registered()
         for entry in self.registry.models():
             entry.check_live()
-        if not self.settings.export_model_payload:
+        if not self.settings.export_model_payload or self.refilled_from is not None:
+            # Only a capture's release exports. An n610 image keeps the capture's settings, so
+            # a sleep of its restored engine would write another full copy each time; the
+            # capsule's payload it was refilled from is what a wake reads.
             return None
         assert self.settings.artifact_dir is not None  # settings cross-check
         root = export_root(self.settings.artifact_dir, op)
@@ -455,6 +461,7 @@ class SchedulerHooks:
                 hydrated[entry.role]["verify_seconds"] = staged["verify_seconds"][entry.role]
                 entry.check_live()
             detail["hydrated"] = hydrated
+            self.refilled_from = plan.payload_dir
             detail["residual"] = self._restore_residuals()
         else:
             original(mgr, _with_tags(recv_req, [WEIGHTS]), *args, **kwargs)
