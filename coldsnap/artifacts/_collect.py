@@ -8,6 +8,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from coldsnap._torch import gpu_build
+
 from ._hashing import sha256_file
 from ._identity import (
     EngineBuild,
@@ -24,7 +26,10 @@ _NVIDIA_VERSION = Path("/proc/driver/nvidia/version")
 
 def collect_platform(device: int | None = None) -> Platform:
     """The CUDA runtime, driver major, compute capability, capacity class and NCCL version of
-    `device` (the current one when None); all None without CUDA."""
+    `device` (the current one when None); all None without CUDA. A CPU build of torch is
+    known without importing torch (1.5-2 s): a restore's admit on a CPU host does not."""
+    if gpu_build() is None:
+        return Platform()  # no CUDA runtime, no NCCL binding in a CPU build
     import torch
 
     cuda_runtime = torch.version.cuda

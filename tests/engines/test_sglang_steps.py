@@ -259,11 +259,10 @@ def test_graphs_only_with_the_graph_saver_on_cuda() -> None:
 def test_build_on_cuda_runs_the_memory_saver_and_claims_graphs_only_with_the_option(
     monkeypatch: pytest.MonkeyPatch, saver: str | None
 ) -> None:
-    import torch
-
+    import coldsnap.engines.sglang as adapter
     from coldsnap.engines.sglang import build
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(adapter, "cuda_host", lambda: True)
     monkeypatch.setenv(GRAPH_SAVER_ENV, "1")  # the orchestrator's own: it decides nothing
     options = {} if saver is None else {"cuda_graphs_in_saver": saver}
     engine = build(SimpleNamespace(engine_options=options))

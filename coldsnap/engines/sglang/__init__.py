@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from coldsnap._torch import gpu_build
 from coldsnap.machine import Registry
 
 from . import cpu
@@ -58,12 +59,12 @@ def build(request: Any) -> SGLangEngine:
     are off: `GRAPH_SAVER_ARGS`); without it graphs stay in the image and no graph step is in
     the spec. Without CUDA it serves on SGLang's CPU platform (`cpu.CPU_ARGS`, `cpu.cpu_env`),
     and the CPU support is activated in this process too: `build()` imports SGLang for the
-    contract digest; graphs in the memory saver are refused there (EngineOptionsError).
+    contract digest at capture; graphs in the memory saver are refused there
+    (EngineOptionsError). Neither torch nor SGLang is imported on a host whose torch is a CPU
+    build (`cuda_host`).
     """
-    import torch
-
     options = parse_options(getattr(request, "engine_options", None))
-    if torch.cuda.is_available():
+    if cuda_host():
         graph_saver = options.cuda_graphs_in_saver
         args = (*CUDA_ARGS, *(GRAPH_SAVER_ARGS if graph_saver else ()))
         launcher = SGLangLauncher(
@@ -84,6 +85,16 @@ def build(request: Any) -> SGLangEngine:
         (*cpu.CPU_ARGS, *cpu.CPU_MEMORY_ARGS), cpu.cpu_env({}), cpu=True, options=options
     )
     return SGLangEngine(launcher, rank_reports=True)
+
+
+def cuda_host() -> bool:
+    """Whether SGLang serves on CUDA here: torch is a GPU build (read without importing torch)
+    and, asked only then, torch finds a device."""
+    if gpu_build() is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def register(registry: Registry) -> None:
@@ -121,6 +132,7 @@ __all__ = [
     "coldsnap_env",
     "cpu",
     "cpu_binding",
+    "cuda_host",
     "export_dir",
     "free_port",
     "installed_sglang",

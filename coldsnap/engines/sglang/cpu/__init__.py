@@ -19,13 +19,14 @@ Refused on a GPU install (`GpuInstallError`): the stand-ins must never shadow re
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.machinery
 import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from coldsnap._errors import EnvironmentMissing, RefusedError
+from coldsnap._torch import gpu_build
 
 PYTHONPATH_DIR = Path(__file__).resolve().parent / "pythonpath"
 STAND_INS = ("sgl_kernel/__init__.py", "_coldsnap_cpu_support.py")
@@ -55,17 +56,26 @@ class GpuInstallError(RefusedError, EnvironmentMissing, RuntimeError):
 
 
 def check_cpu_install() -> None:
-    """Refuses to shadow a real GPU install: the stand-ins are for CPU hosts only."""
-    import torch
-
-    if torch.version.cuda is not None or getattr(torch.version, "hip", None) is not None:
+    """Refuses to shadow a real GPU install: the stand-ins are for CPU hosts only. torch's
+    build is read without importing torch; an `sgl_kernel` is looked for on the import path
+    past every folder of stand-ins (this install's, or another copy of coldsnap's that a
+    parent process exported on PYTHONPATH), so only a real kernel is refused."""
+    built = gpu_build()
+    if built is not None:
         raise GpuInstallError(
-            f"torch {torch.__version__} is a GPU build: the CPU stand-ins of "
+            f"torch is a GPU build ({built}): the CPU stand-ins of "
             "coldsnap.engines.sglang.cpu must not be used with it"
         )
-    spec = importlib.util.find_spec("sgl_kernel")
-    if spec is not None and spec.origin and Path(spec.origin).parent.parent != PYTHONPATH_DIR:
+    rest = [p for p in sys.path if not is_stand_in_folder(p)]
+    spec = importlib.machinery.PathFinder.find_spec("sgl_kernel", rest)
+    if spec is not None:
         raise GpuInstallError(f"a real sgl_kernel is installed ({spec.origin}); not shadowing it")
+
+
+def is_stand_in_folder(folder: str | os.PathLike[str]) -> bool:
+    """Whether `folder` holds coldsnap's CPU stand-ins (this copy's `PYTHONPATH_DIR`, or the
+    same folder of another copy of coldsnap): it holds every file of `STAND_INS`."""
+    return all((Path(folder or ".") / name).is_file() for name in STAND_INS)
 
 
 class OverlayError(RefusedError, ValueError):
@@ -93,7 +103,7 @@ def cpu_env(
     if overlay is None:
         overlay = env.get(OVERLAY_VARIABLE) or None
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    parts = [p for p in parts if p != str(PYTHONPATH_DIR)]
+    parts = [p for p in parts if not is_stand_in_folder(p)]  # ours, or another copy's
     front = [str(PYTHONPATH_DIR)]
     if overlay is not None:
         path = check_overlay(overlay)
@@ -108,7 +118,10 @@ def cpu_env(
 
 def activate() -> None:
     """Readies this process (SGLang imported here, in-process `sglang.Engine`, transformers)
-    and its children; idempotent."""
+    and its children; idempotent, in this process and across processes: a child started with
+    the environment it exports (this copy's stand-ins first on PYTHONPATH, or another copy's)
+    readies itself the same way. Imports neither torch nor SGLang: the torchvision ops are
+    declared when torchvision is first imported."""
     check_cpu_install()
     env = cpu_env()
     overlay = env.get(OVERLAY_VARIABLE)
@@ -125,8 +138,7 @@ def activate() -> None:
     os.environ.update(env)
     import _coldsnap_cpu_support  # type: ignore[import-not-found]
 
-    if "torchvision" not in sys.modules:
-        _coldsnap_cpu_support.declare_torchvision_ops()
+    _coldsnap_cpu_support.install()
 
 
 __all__ = [
@@ -141,4 +153,5 @@ __all__ = [
     "check_cpu_install",
     "check_overlay",
     "cpu_env",
+    "is_stand_in_folder",
 ]
