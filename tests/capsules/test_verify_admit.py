@@ -46,7 +46,7 @@ def _sealed(tmp_path: Path) -> Store:
     }
     seal = Ctx(_capture_request(tmp_path, model), tmp_path / "op", facts, s.SEAL)
     StoreArtifacts(Engine(), VerifiedObjects(tmp_path / "verified")).seal(seal)
-    return Store.open(tmp_path / "store")
+    return Store(tmp_path / "store")
 
 
 def _admit(tmp_path: Path) -> dict[str, Any]:
