@@ -94,7 +94,8 @@ class _Provider:
         payload = Path(ctx.facts["payload_dir"])
         if not payload.is_dir():
             raise ProviderError(f"payload {payload} is gone")
-        return {"weight_source": {"source": "payload", "payload_dir": str(payload)},
+        return {"weight_source": {"source": "payload", "payload_dir": str(payload),
+                                  "preverified": True},  # as the real one's stage says
                 "verify_seconds": 0.0}  # fmt: skip
 
     def export(self, ctx: Any) -> None:
