@@ -3,8 +3,8 @@
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# Two xdist workers: the tests that need the host (servers, CRIU, GPU) run one at a time on
-# one of them, the in-memory tests on the other (tests/conftest.py).
+# Two xdist workers: the SGLang server tests run one at a time on one of them, the CRIU toy
+# tests and the in-memory tests on the other (tests/conftest.py).
 TEST_WORKERS ?= 2
 # The set-up installs CRIU and SGLang, so a test that needs either fails here instead of
 # skipping where it is missing (tests/_support.py; GPU tests still skip without a GPU).

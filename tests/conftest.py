@@ -4,12 +4,20 @@ the required-components switch (`COLDSNAP_REQUIRE`, tests/_support.py), as a fai
 Which tests need what: those marked `criu` need CRIU, those marked `sglang` need SGLang; a
 fixture that needs a component asks `tests._support.need` (or `missing`) itself.
 
-Parallel runs (`make test`: pytest-xdist, `-n 2 --dist loadgroup`): every module that starts
-real servers, CRIU or a GPU declares `pytest.mark.xdist_group("host")` in its `pytestmark`, so
-its tests run on one worker, one after the other, while the in-memory tests run on the other
-(tests/test_suite_layout.py checks that no such module forgets it). These hosts have 2 cores:
-one SGLang server, CRIU dump or restore at a time is what the server tests were written for,
-and a module's shared server must live in one process."""
+Parallel runs (`make test`: pytest-xdist, `-n 2 --dist loadgroup`): every module that needs the
+host declares one of two xdist groups in its `pytestmark`, and each group runs on one worker,
+one test after the other (tests/test_suite_layout.py checks that no such module forgets it):
+- "host": every module that starts an SGLang server or uses a GPU. These hosts have 2 cores:
+  one SGLang server at a time is what the server tests were written for, and a module's shared
+  server must live in one process.
+- "toys": CRIU on small toy processes (no SGLang server), which take little CPU. They run on
+  the other worker beside the server group, between the in-memory tests, instead of adding
+  their minutes to the server group's. That is safe because nothing they share with a server
+  test is left to chance: CRIU restores take a host-wide lock (backends.criu), every listener
+  takes a random free port (`free_port`), a restore checks its PIDs are free before CRIU runs,
+  and each test finds its leftovers by its own runtime dirs and PIDs, never by name.
+The xdist scheduler hands out the largest groups first, one to each worker, so the two groups
+start on different workers."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """The suite's own rules that a reader cannot see from one file: every module that needs the
-host (a test marked `criu`, `sglang` or `gpu`) is in xdist's "host" group, so that `make test`
-runs such modules on one worker, one test after another (tests/conftest.py says why)."""
+host (a test marked `criu`, `sglang` or `gpu`) is in one of xdist's two host groups, so that
+`make test` runs each group on one worker, one test after another: "host" for SGLang servers
+and GPUs, "toys" for CRIU on small toy processes, which starts no SGLang server
+(tests/conftest.py says why the two may run side by side)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 HOST_MARKS = {"criu", "sglang", "gpu"}
-GROUP = "host"
+GROUPS = ("host", "toys")
+SERVER_GROUP = "host"
+"""The group of every module that starts an SGLang server or uses a GPU: one at a time."""
 
 
 def _marks_used(tree: ast.Module) -> set[str]:
@@ -56,13 +60,25 @@ def test_every_module_that_needs_the_host_is_in_the_host_group() -> None:
         if not marks:
             continue
         seen += 1
-        if GROUP not in _module_groups(tree):
+        if len(set(GROUPS) & _module_groups(tree)) != 1:
             forgotten.append(f"{path.relative_to(TESTS)} (marks {', '.join(sorted(marks))})")
     assert seen > 10  # the suite's host-bound modules were recognised
     assert not forgotten, (
-        f'add pytest.mark.xdist_group("{GROUP}") to the module\'s pytestmark: '
-        + "; ".join(forgotten)
+        f"add one of the groups {GROUPS} (pytest.mark.xdist_group) to the module's "
+        "pytestmark: " + "; ".join(forgotten)
     )
+
+
+def test_servers_and_gpus_are_only_in_the_server_group() -> None:
+    """A module that starts SGLang (or uses a GPU) beside the other server modules would run two
+    servers at once on a 2-core host: only CRIU toys may leave the server group."""
+    misplaced = []
+    for path in sorted(TESTS.rglob("test_*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        heavy = _marks_used(tree) & {"sglang", "gpu"}
+        if heavy and SERVER_GROUP not in _module_groups(tree):
+            misplaced.append(f"{path.relative_to(TESTS)} (marks {', '.join(sorted(heavy))})")
+    assert not misplaced, f'these belong in xdist_group("{SERVER_GROUP}"): ' + "; ".join(misplaced)
 
 
 def test_the_check_reads_marks_and_groups() -> None:

@@ -16,7 +16,7 @@ from .conftest import ask, target, wait_for_line
 pytestmark = [
     pytest.mark.criu,
     pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch"),
-    pytest.mark.xdist_group("host"),
+    pytest.mark.xdist_group("toys"),
 ]
 XFEATURE_XTILEDATA = 1 << 18
 REPORT = r"report got=(\S+) expected=(\S+) perm=(\S+)"

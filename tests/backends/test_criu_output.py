@@ -13,7 +13,7 @@ from coldsnap.backends._stdio import read_stdio_paths
 
 from .conftest import ask, target, wait_for_line
 
-pytestmark = [pytest.mark.criu, pytest.mark.xdist_group("host")]
+pytestmark = [pytest.mark.criu, pytest.mark.xdist_group("toys")]
 REPORT = r"report pid=(\d+) count=(\d+) checksum=(\d+)"
 
 

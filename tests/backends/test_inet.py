@@ -32,7 +32,7 @@ from tests._support import free_port
 
 from .conftest import target, wait_for_line
 
-pytestmark = pytest.mark.xdist_group("host")
+pytestmark = pytest.mark.xdist_group("toys")
 
 MAGIC = struct.pack("<II", 0x54564319, 0x56303138)
 

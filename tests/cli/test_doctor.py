@@ -17,7 +17,7 @@ from click.testing import CliRunner, Result
 from coldsnap.backends import Criu, CudaCheckpoint, _probe
 from coldsnap.cli import _doctor, main
 
-pytestmark = pytest.mark.xdist_group("host")
+pytestmark = pytest.mark.xdist_group("toys")
 
 FAKE_CRIU = """#!/bin/sh
 case "$1" in

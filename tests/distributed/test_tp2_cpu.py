@@ -15,7 +15,7 @@ from coldsnap.backends import Criu
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = [pytest.mark.criu, pytest.mark.slow, pytest.mark.xdist_group("host")]
+pytestmark = [pytest.mark.criu, pytest.mark.slow, pytest.mark.xdist_group("toys")]
 
 
 @pytest.fixture(scope="module")

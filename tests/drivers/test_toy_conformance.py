@@ -13,7 +13,7 @@ from coldsnap.testing.toy_engine import build_toy_model
 
 from ._toy import capture_request, live_engines, needs_criu, restore_request
 
-pytestmark = [needs_criu, pytest.mark.criu, pytest.mark.slow, pytest.mark.xdist_group("host")]
+pytestmark = [needs_criu, pytest.mark.criu, pytest.mark.slow, pytest.mark.xdist_group("toys")]
 
 
 class ToyConformance(MachineConformance):

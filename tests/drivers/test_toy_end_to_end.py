@@ -23,7 +23,7 @@ from ._toy import (
     restore_request,
 )
 
-pytestmark = [needs_criu, pytest.mark.criu, pytest.mark.xdist_group("host")]
+pytestmark = [needs_criu, pytest.mark.criu, pytest.mark.xdist_group("toys")]
 VARIANTS = [(d, p) for d in ("n610", "n580") for p in ("native", "recovery")]
 
 
