@@ -81,7 +81,7 @@ def check_runtime_dir(runtime: Path, workdir: Path) -> tuple[Path, Path]:
 
 def _check_rank(runtime: Path, capsule: str, rank: int) -> str:
     """The capsule's digest, once its identity says it is `rank`'s part."""
-    store = Store(runtime)  # opens it: check_runtime_dir made sure this changes nothing
+    store = Store.open(runtime)  # read as it is: nothing is created or narrowed
     digest = store.resolve(capsule)
     identity = store.capsule(digest).identity
     if identity is None:
@@ -174,7 +174,7 @@ def _request(
 
     from ._store_cmds import capture_record
 
-    record = capture_record(Store(runtime_dir), digest)
+    record = capture_record(Store.open(runtime_dir), digest)
     driver = driver or (record.driver if record is not None else None)
     if not driver:
         raise RequestError([("--driver", f"capsule {digest} has no capture record to name one")])
