@@ -138,7 +138,8 @@ class StepContext:
         if self._cancel.is_set() and not self.compensating:
             raise Cancelled(f"step '{self.step.name}' was cancelled")
         if time.monotonic() > self.deadline:
-            raise StepTimeout(f"step '{self.step.name}' ran past {self.step.timeout_s:g} s")
+            seconds = self.request.timeouts.get(self.step.name) or self.step.timeout_s
+            raise StepTimeout(f"step '{self.step.name}' ran past {seconds:g} s")
 
     def record(self, **facts: Any) -> None:
         """Journals facts now, before the step ends."""

@@ -7,6 +7,7 @@ int is an int and not a float (`2.7`) nor a bool; a float field takes an int or 
 
 from __future__ import annotations
 
+import reprlib
 import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
@@ -29,6 +30,16 @@ T = TypeVar("T")
 
 converter = cattrs.Converter(forbid_extra_keys=True)
 
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80
+_REPR.maxlevel = 2
+
+
+def _shown(value: Any) -> str:
+    """`value` as a message quotes it: cut short, and safe however deep it nests (a request
+    file's value can be a megabyte, or nested a thousand levels)."""
+    return _REPR.repr(value)
+
 
 def _exactly(kind: type, *accepted: type) -> Any:
     allowed = accepted or (kind,)
@@ -37,7 +48,8 @@ def _exactly(kind: type, *accepted: type) -> Any:
         if isinstance(value, bool) and bool not in allowed:
             raise TypeError(f"expected {kind.__name__}, got a bool ({value!r})")
         if not isinstance(value, allowed):
-            raise TypeError(f"expected {kind.__name__}, got {type(value).__name__} ({value!r})")
+            shown = _shown(value)
+            raise TypeError(f"expected {kind.__name__}, got {type(value).__name__} ({shown})")
         return kind(value) if kind is float else value
 
     return structure
@@ -53,7 +65,7 @@ def _is_sequence(cl: Any) -> bool:
 
 def _structure_sequence(value: Any, cl: Any) -> Any:
     if not isinstance(value, list | tuple):
-        raise TypeError(f"expected a JSON array, got {type(value).__name__} ({value!r})")
+        raise TypeError(f"expected a JSON array, got {type(value).__name__} ({_shown(value)})")
     args = typing.get_args(cl)
     if typing.get_origin(cl) is tuple and not (len(args) == 2 and args[1] is Ellipsis):
         if len(args) != len(value):
@@ -70,14 +82,14 @@ def _is_mapping(cl: Any) -> bool:
 
 def _structure_mapping(value: Any, cl: Any) -> Any:
     if not isinstance(value, Mapping):
-        raise TypeError(f"expected a JSON object, got {type(value).__name__} ({value!r})")
+        raise TypeError(f"expected a JSON object, got {type(value).__name__} ({_shown(value)})")
     key, item = typing.get_args(cl) or (Any, Any)
     out = {}
     for k, v in value.items():
         try:
             out[converter.structure(k, key)] = converter.structure(v, item)
         except TypeError as exc:
-            raise TypeError(f"{exc} under key {k!r}") from None
+            raise TypeError(f"{exc} under key {_shown(k)}") from None
     return out
 
 

@@ -287,12 +287,24 @@ def _graphs_set_at_capture(registry: Registry, request: Any) -> list[tuple[str, 
              "with its environment: set it in the capture request")]  # fmt: skip
 
 
+def _timeouts_name_steps(registry: Registry, request: Any) -> list[tuple[str, str]]:
+    """A timeout for a step the operation's spec does not have would replace nothing: a
+    misspelt step name must not leave the step at its default unnoticed."""
+    if not request.timeouts:
+        return []
+    steps = [step.name for step in registry.spec(request.operation, request).steps]
+    return [(f"timeouts.{name}", f"names no step of {request.operation} (its steps: "
+             f"{', '.join(steps)})") for name in request.timeouts if name not in steps]  # fmt: skip
+
+
 REQUEST_RULES: tuple[Callable[[Registry, Any], list[tuple[str, str]]], ...] = (
     _model_for_checkpoint,
     _graphs_set_at_capture,
+    _timeouts_name_steps,
 )
 """What a request must satisfy given the capabilities its components declared at
-registration; each rule returns (field, problem) pairs. The capabilities they read: a
+registration and the spec its operation runs (its timeouts name that spec's steps); each rule
+returns (field, problem) pairs. The capabilities they read: a
 provider's `checkpoint` (it brings the weights back from the pinned checkpoint, so a restore
 names it in `model`) and a driver's `resumes_process` (a restore resumes the captured process
 with the environment it had at capture, so what that environment decides is set at capture)."""

@@ -4,6 +4,7 @@ orchestrator asks for, validated before any side effect."""
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -16,6 +17,11 @@ from ._models import find_snapshot
 
 REQUEST_FORMAT = 1
 _TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_HOST_PATH = re.compile(r"^(/|~|\.{1,2}(/|$)|[A-Za-z]:[\\/]|\\\\)")
+"""A value that names a file on this host (absolute, home-relative, `.`/`..`-relative, or a
+Windows drive or share): a capsule records the model's id and revision for every host, so they
+must not be one (the store refuses them at seal; a request refuses them before anything
+starts)."""
 
 
 @frozen(kw_only=True)
@@ -252,8 +258,11 @@ def _is_digest(value: str) -> bool:
 
 def _common_problems(request: CaptureRequest | RestoreRequest) -> list[tuple[str, str]]:
     problems = _format_problems(request)
-    for name in ("workdir", "store"):
-        problems += _path_problems(name, getattr(request, name), must_exist=False)
+    problems += _path_problems("store", request.store, must_exist=False)
+    if not request.workdir:
+        problems.append(("workdir", "is missing"))
+    elif not os.path.isabs(request.workdir):  # its parents are made with it (Journal.create)
+        problems.append(("workdir", f"must be an absolute path, got '{request.workdir}'"))
     problems += _timeout_problems(request.timeouts)
     return problems
 
@@ -268,19 +277,29 @@ def _format_problems(request: Any) -> list[tuple[str, str]]:
 
 
 def _timeout_problems(timeouts: Mapping[str, float]) -> list[tuple[str, str]]:
+    """Each timeout is a finite positive number of seconds: NaN compares false with every
+    deadline and infinity overflows the wait, so both would fail the step mid-run with the
+    engine started. Whether each names a step is for the spec (Registry.check)."""
     return [
-        (f"timeouts.{step}", f"must be a positive number, got {seconds!r}")
+        (f"timeouts.{step}", f"must be a finite positive number of seconds, got {seconds!r}")
         for step, seconds in timeouts.items()
-        if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds <= 0
+        if not isinstance(seconds, int | float)
+        or isinstance(seconds, bool)
+        or not math.isfinite(seconds)
+        or seconds <= 0
     ]
 
 
 def _model_problems(prefix: str, model: ModelRef) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
-    if not model.id:
+    if not model.id.strip():
         problems.append((f"{prefix}.id", "must not be empty"))
-    if not model.revision:
+    if not model.revision.strip():
         problems.append((f"{prefix}.revision", "must pin a revision"))
+    for name in ("id", "revision"):
+        if _HOST_PATH.match(value := getattr(model, name)):
+            why = "the capsule records it for every host, so name the model (a hub id or a name)"
+            problems.append((f"{prefix}.{name}", f"{value!r} is a host path: {why}"))
     problems += _path_problems(f"{prefix}.path", model.path, must_exist=True)
     return problems
 
