@@ -57,6 +57,8 @@ def load(path: str) -> Request:
         data = json.loads(raw)
     except ValueError as exc:
         raise RequestError([("$", f"{path} is not JSON: {exc}")]) from None
+    except RecursionError:  # the reader's own bound on nesting (a request nests three levels)
+        raise RequestError([("$", f"{path} nests deeper than a JSON request can")]) from None
     except OSError as exc:
         raise RequestError([("$", f"cannot read {path}: {exc.strerror}")]) from None
     return parse_request(data)
@@ -83,11 +85,11 @@ def _watching(as_json: bool) -> Iterator[Callable[[StepEvent], None]]:
 
 
 def _workdir(given: Path | None, store: Path, operation: str, name: str) -> str:
-    """The workdir the user gave, or a fresh one beside the store, under STORE/../ops."""
+    """The workdir the user gave, or a fresh one beside the store, under STORE/../ops. Named
+    only: the operation makes it with its parents (a printed request makes nothing)."""
     if given:
         return str(given.expanduser().absolute())
     ops = store.parent / "ops"
-    ops.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     return str(ops / f"{operation}-{name}-{stamp}-{uuid.uuid4().hex[:6]}")
 
@@ -198,6 +200,8 @@ def _capture_request(
     keep_source: bool,
 ) -> CaptureRequest:
     line = parse_launch(args)
+    if not line.model_path:
+        raise RequestError([("--model-path", "is empty: name the model's directory or hub id")])
     say(notice(line))
     model = _model_ref(line.model_path, model_id, revision, "--revision")
     draft = None
@@ -229,6 +233,8 @@ def _model_ref(path: str, model_id: str | None, revision: str | None, flag: str)
     if local.is_dir():
         return ModelRef(id=model_id or local.resolve().name, revision=revision or "local",
                         path=str(local.resolve()))  # fmt: skip
+    if path.startswith(("/", "~", "./", "../")):  # plainly a path: no hub id looks like one
+        raise RequestError([("--model-path", f"{path!r} is no directory")])
     if not revision:
         raise RequestError(
             [(flag, f"{path!r} is no local directory: as a Hugging Face id it needs {flag}")]
@@ -278,7 +284,7 @@ _RESTORE_OPTIONS = ("store", "workdir", "driver", "provider", "model_path", "ser
 @click.option("--driver", help="[default: the capsule's]")
 @click.option("--provider", help="[default: the capsule's]")
 @click.option(
-    "--model-path", type=click.Path(path_type=Path),
+    "--model-path", type=click.Path(),  # a string: click's Path("") would be the cwd
     help="The checkpoint (needed by provider recovery and driver n580).",
 )  # fmt: skip
 @click.option("--serve-as", help="Name the served engine for status/stop [default: NAME].")
@@ -370,8 +376,12 @@ def _one_source(given: tuple[str, ...], recipe: Path | None, what: str) -> tuple
 
 
 def _is_file(target: str) -> bool:
-    """A request file: `-`, a file that exists, or a name a tag cannot have (a path, *.json)."""
-    return target == "-" or Path(target).is_file() or "/" in target or target.endswith(".json")
+    """Whether `target` names a request file: `-` (stdin), or plainly a path by its spelling
+    (a '/', a leading '.', a .json, .yaml or .yml ending); anything else is a capsule's tag or
+    digest. Never by what the current directory holds: a file there named like the tag (in
+    a directory others may write) must not choose what is restored."""
+    return target == "-" or "/" in target or target.startswith(".") or target.endswith(
+        (".json", ".yaml", ".yml"))  # fmt: skip
 
 
 def _listen_default(request: RestoreRequest) -> tuple[RestoreRequest, bool]:
@@ -426,7 +436,7 @@ def _restore_request(
     workdir: Path | None,
     driver: str | None,
     provider: str | None,
-    model_path: Path | None,
+    model_path: str | None,
 ) -> RestoreRequest:
     from coldsnap.capsules import RECORD_NAME, CaptureRecord
 
@@ -435,11 +445,13 @@ def _restore_request(
     store = store.expanduser().absolute()
     if not store.is_dir():
         raise RequestError([("--store", f"{store} is not a directory")])
+    if model_path == "":
+        raise RequestError([("--model-path", "is empty: name the checkpoint's directory")])
     record: CaptureRecord | None = capture_record(Store.open(store), target)
     if record is None:
         raise RequestError([("NAME", f"capsule {target} has no {RECORD_NAME}: use a request file")])
     driver, provider = driver or record.driver, provider or record.provider
-    path = "" if model_path is None else str(model_path.resolve())
+    path = "" if model_path is None else str(Path(model_path).expanduser().resolve())
     tag = _tag_of(target.removeprefix("sha256:")[:12] if target.startswith("sha256:") else target)
 
     def request(model: ModelRef | None) -> RestoreRequest:

@@ -95,3 +95,40 @@ def test_recipe_goes_alone_and_must_be_yaml(tmp_path: Path) -> None:
     assert not_yaml.exit_code == 2 and "must be a .yaml or .yml file" in not_yaml.output
     nothing = cli("capture")
     assert nothing.exit_code == 2 and "--recipe FILE.yaml" in nothing.output
+
+
+@pytest.mark.parametrize("text", ["{[1, 2]: x}\n", "? {a: 1}\n: x\n", "1: x\n"])
+def test_a_key_that_is_not_text_is_refused_naming_its_line(text: str) -> None:
+    with pytest.raises(RequestError, match=r"r\.yaml, line 1: a key must be text"):
+        read_recipe(text, "r.yaml")
+
+
+def test_a_merge_key_takes_a_mapping_written_in_place(tmp_path: Path) -> None:
+    text = _documented(tmp_path) + "<<: {keep_source: true, name: merged}\n"
+    request = read_recipe(text, "r.yaml")
+    assert isinstance(request, CaptureRequest)
+    assert request.keep_source  # merged in
+    assert request.name == "tiny"  # the key written beside the merge wins, as YAML says
+
+
+def test_a_merged_mapping_is_checked_like_any_other(tmp_path: Path) -> None:
+    with pytest.raises(RequestError, match="line 1: is given twice"):
+        read_recipe("<<: {tp: 1, tp: 2}\n", "r.yaml")
+
+
+def test_a_merge_by_alias_is_refused_as_an_alias(tmp_path: Path) -> None:
+    text = "base: &base {driver: n610}\n<<: *base\n"
+    with pytest.raises(RequestError, match=r"r\.yaml, line 2: an alias \(\*base\)"):
+        read_recipe(text, "r.yaml")
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
+def test_a_timeout_that_is_not_finite_is_refused_naming_the_step(
+    tmp_path: Path, value: str
+) -> None:
+    documented = _documented(tmp_path)
+    text = documented.replace("wait_healthy: 900", f"wait_healthy: {value}")
+    assert text != documented
+    with pytest.raises(RequestError) as refused:
+        read_recipe(text, "r.yaml")
+    assert [f for f, _ in refused.value.problems] == ["timeouts.wait_healthy"]
