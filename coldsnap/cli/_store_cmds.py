@@ -6,6 +6,7 @@ it is (`Store.open`): a directory that is not a store is refused, never made int
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from collections import defaultdict
@@ -236,11 +237,19 @@ def rm(name: str, store: Path) -> None:
     click.echo(f"removed capsule {digest}; run `coldsnap gc` to free its objects")
 
 
+def _finite(_ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """FloatRange lets NaN and infinity through (every comparison with NaN is false)."""
+    if not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number of seconds", param=param)
+    return value
+
+
 @click.command("gc")
 @_STORE
 @click.option(
     "--grace",
     type=click.FloatRange(min=0),
+    callback=_finite,
     default=3600.0,
     show_default=True,
     help="Keep unreachable objects and temporaries younger than this many seconds.",

@@ -112,3 +112,10 @@ def test_print_request_makes_no_directory(tmp_path) -> None:
     result = cli("restore", "tiny", "--store", str(store.root), "--print-request")
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in (tmp_path / "s2").iterdir()) == ["store"]
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_gc_grace_must_be_a_finite_number(tmp_path, value) -> None:
+    Store(tmp_path / "store")
+    result = cli("gc", "--store", str(tmp_path / "store"), "--grace", value)
+    assert result.exit_code == 2 and "is not a finite number of seconds" in result.output
