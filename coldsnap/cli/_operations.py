@@ -250,7 +250,8 @@ _RESTORE_HELP = """Restore a capsule and leave it serving; print its URL and PID
   coldsnap restore tiny --store /var/lib/coldsnap/store --port 30000
   coldsnap restore REQUEST_FILE          # the machine-readable form (JSON)
 
-NAME is a capsule's tag or sha256: digest. Driver, provider, engine and engine flags default
+NAME is a capsule's tag or sha256: digest; a REQUEST_FILE is spelled as a path (a '/', a
+leading '.', a .json, .yaml or .yml ending; '-': stdin), whatever files exist. Driver, provider, engine and engine flags default
 to the capsule's own; anything after `--` replaces the engine flags. The restored server serves
 on --host and --port, by default those of the captured launch command line (else 127.0.0.1 and
 the port the capture served on); n610 moves the image's listening socket there before the
