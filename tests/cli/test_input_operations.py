@@ -119,3 +119,14 @@ def test_gc_grace_must_be_a_finite_number(tmp_path, value) -> None:
     Store(tmp_path / "store")
     result = cli("gc", "--store", str(tmp_path / "store"), "--grace", value)
     assert result.exit_code == 2 and "is not a finite number of seconds" in result.output
+
+
+def test_a_request_file_s_abbreviated_owned_flag_is_refused(tmp_path) -> None:
+    request = {"kind": "coldsnap.restore-request", "driver": "n610", "provider": "native",
+               "artifact": "tiny", "engine_args": ["--hos", "0.0.0.0"],
+               "workdir": str(tmp_path / "op"), "store": str(tmp_path / "store")}  # fmt: skip
+    (tmp_path / "req.json").write_text(json.dumps(request))
+    result = cli("restore", str(tmp_path / "req.json"))
+    assert result.exit_code == 2
+    assert "field 'engine_args': --hos abbreviates --host" in result.stderr
+    assert not (tmp_path / "op").exists()
