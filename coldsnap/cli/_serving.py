@@ -101,6 +101,8 @@ def workdir_of(target: str) -> tuple[Path, str | None]:
         serving = _read_record(serving_dir() / f"{target}.json")
         if serving is not None:
             return Path(serving.workdir), serving.name
+        where = f"neither a name serving here ({serving_dir()}) nor a workdir (write one as a path"
+        raise RequestError([("target", f"{target!r} is {where}: ./{target})")])
     if Path(target).is_dir():
         return Path(target).resolve(), None
     raise RequestError(

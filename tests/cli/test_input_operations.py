@@ -130,3 +130,18 @@ def test_a_request_file_s_abbreviated_owned_flag_is_refused(tmp_path) -> None:
     assert result.exit_code == 2
     assert "field 'engine_args': --hos abbreviates --host" in result.stderr
     assert not (tmp_path / "op").exists()
+
+
+@pytest.mark.parametrize("command", ["status", "stop", "sleep", "wake"])
+def test_a_folder_named_like_the_engine_is_not_taken_for_its_workdir(
+    tmp_path, monkeypatch, command
+) -> None:
+    monkeypatch.setenv("COLDSNAP_SERVING_DIR", str(tmp_path / "serving"))
+    planted = tmp_path / "shared" / "t1"
+    planted.mkdir(parents=True)
+    (planted / "receipt.json").write_text(json.dumps({"facts": {"engine_pid": 1}}))
+    monkeypatch.chdir(tmp_path / "shared")
+    result = cli(command, "t1")
+    assert result.exit_code == 2, result.output
+    assert "'t1' is neither a name serving here" in result.stderr
+    assert "write one as a path: ./t1" in result.stderr
