@@ -96,7 +96,9 @@ def forget(workdir: Path) -> None:
 
 
 def workdir_of(target: str) -> tuple[Path, str | None]:
-    """The workdir `target` names (a serving name first, else a workdir path), and the name."""
+    """The workdir `target` names, and the name: a name (a serving record's) unless `target` is
+    plainly a path by its spelling (a '/' or a leading '.'); never a folder of the current
+    directory that happens to be named like the engine (another user may have put it there)."""
     if _NAME.match(target):
         serving = _read_record(serving_dir() / f"{target}.json")
         if serving is not None:
