@@ -522,6 +522,9 @@ def _seal_trees(
             syncs=syncs,
             progress=progress,
         )
+        # A copy from another filesystem leaves its source: a second copy of the engine's
+        # memory in the capture's workdir. Taken in, it goes, as a move would have taken it.
+        path.unlink(missing_ok=True)
         if verified is not None and (st := taken.hashed) is not None:
             seen = Seen(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             verified.remember(taken.digest, store.path(taken.digest), seen)

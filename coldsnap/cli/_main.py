@@ -25,6 +25,7 @@ from ._doctor import doctor
 from ._errors import finish, reported
 from ._lifecycle import schema, sleep, status, stop, wake
 from ._operations import capture, load, print_event, restore
+from ._signals import interrupts
 from ._store_cmds import gc, ls, rm, show
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "state-machines.md"
@@ -53,8 +54,9 @@ def resume(workdir: Path) -> None:
     stop, sleep or wake (journaled under the restore's workdir, in ops/<operation>-<n>)."""
     with reported(_debug):
         request = parse_request(read_journal(workdir / JOURNAL_NAME)[0].request or {})
-        machine = Machine.for_request(request, subscribers=[print_event])
-        receipt = machine.resume(workdir)
+        with interrupts(str(workdir)) as cancel:
+            machine = Machine.for_request(request, subscribers=[print_event])
+            receipt = machine.resume(workdir, cancel=cancel)
         if isinstance(request, StopRequest) and receipt.ok:
             _serving.forget(Path(request.target))  # what `coldsnap stop` does once it is done
     finish(receipt)

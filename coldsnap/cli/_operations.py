@@ -38,6 +38,7 @@ from ._errors import finish, reported, say
 from ._events import print_json_event
 from ._progress import ENDED, LiveSteps, step_line
 from ._recipes import load_recipe
+from ._signals import interrupts
 
 _TAG = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -176,8 +177,12 @@ def capture(
             return
         if not isinstance(request, CaptureRequest):
             raise RequestError([("kind", "`coldsnap capture` takes a capture request")])
-        with _watching(as_json) as subscriber:
-            receipt = Machine.for_request(request, subscribers=[subscriber]).capture(request)
+        with (
+            _watching(as_json) as subscriber,
+            interrupts(request.workdir, events=as_json) as cancel,
+        ):
+            machine = Machine.for_request(request, subscribers=[subscriber])
+            receipt = machine.capture(request, cancel=cancel)
     if receipt.ok and not as_json:
         say(
             f"captured {request.name or receipt.facts.get('capsule_digest')}; serve it with: "
@@ -331,8 +336,12 @@ def restore(
         name = serve_as or (request.artifact if not request.artifact.startswith("sha256:")
                             else request.artifact.removeprefix("sha256:")[:12])  # fmt: skip
         _check_free(name, request.port, request.host, by_default)
-        with _watching(as_json) as subscriber:
-            receipt = Machine.for_request(request, subscribers=[subscriber]).restore(request)
+        with (
+            _watching(as_json) as subscriber,
+            interrupts(request.workdir, events=as_json) as cancel,
+        ):
+            machine = Machine.for_request(request, subscribers=[subscriber])
+            receipt = machine.restore(request, cancel=cancel)
     facts = receipt.facts
     extra: dict[str, Any] = {}
     if receipt.ok:

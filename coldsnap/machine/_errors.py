@@ -4,6 +4,7 @@ so an operator can act on it."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from coldsnap._errors import (
     ColdsnapError,
@@ -13,6 +14,9 @@ from coldsnap._errors import (
     PluginError,
     RefusedError,
 )
+
+if TYPE_CHECKING:
+    from ._receipt import Receipt
 
 
 class SpecError(DefinitionError):
@@ -70,6 +74,17 @@ class JournalError(OperationError):
     """A journal cannot be read or does not belong to this machine."""
 
 
+class JournalUnwritable(OperationError):
+    """The journal (or the receipt) could not be written, say the disk is full. The run still
+    compensated what it had done; the records it could not write are the ones a later
+    `resume` needs, so the message says what to run once the disk has room. `receipt` is the
+    run's result as far as this process knows it (None where the run never ended)."""
+
+    def __init__(self, message: str, receipt: Receipt | None = None) -> None:
+        super().__init__(message)
+        self.receipt = receipt
+
+
 class MachineBusy(OperationError, RuntimeError):
     """This Machine is already running an operation (one at a time per Machine)."""
 
@@ -116,6 +131,7 @@ __all__ = [
     "Interrupted",
     "InvalidFacts",
     "JournalError",
+    "JournalUnwritable",
     "MachineBusy",
     "MissingFact",
     "OperationError",

@@ -7,8 +7,10 @@ which one was interrupted, which compensations ran and the facts recorded so far
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any, Literal
 import filelock
 from attrs import define, field, frozen
 
-from ._errors import JournalError
+from ._errors import JournalError, JournalUnwritable, RequestError
 from ._receipt import ErrorRecord
 
 JOURNAL_NAME = "journal.jsonl"
@@ -40,8 +42,9 @@ def workdir_lock(workdir: Path) -> Iterator[None]:
     """Holds the workdir's lock for the life of an operation: one orchestrator per workdir.
 
     The lock is an flock on `LOCK_NAME` through its own open file, so a second holder is refused
-    in this process as in any other; the kernel drops it when the holder dies."""
-    workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    in this process as in any other; the kernel drops it when the holder dies. The workdir is
+    made private first (`private_workdir`)."""
+    private_workdir(workdir)
     lock = filelock.FileLock(workdir / LOCK_NAME, timeout=0, thread_local=False, is_singleton=False)
     try:
         lock.acquire()
@@ -54,6 +57,27 @@ def workdir_lock(workdir: Path) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+WORKDIR_MODE = 0o700
+
+
+def private_workdir(workdir: Path) -> None:
+    """Makes `workdir` (and its missing parents) or, where it exists, makes it mode 0700: it
+    holds the process image (the engine's memory, its secrets with it) and the capsule's layout,
+    and a directory the user made beforehand with the usual 0755 would let every user read them.
+    Refused (RequestError naming `workdir`) where changing its mode would take a directory from
+    others: one another user owns, or a shared one (sticky bit, as /tmp)."""
+    workdir.mkdir(parents=True, exist_ok=True, mode=WORKDIR_MODE)
+    st = os.stat(workdir)
+    if st.st_uid != os.geteuid():
+        raise RequestError([("workdir", f"{workdir} belongs to uid {st.st_uid}, not to this user "
+                             f"(uid {os.geteuid()}): give a directory of your own")])  # fmt: skip
+    if st.st_mode & stat.S_ISVTX:
+        raise RequestError([("workdir", f"{workdir} is a shared directory (sticky bit): give "
+                             "a directory of its own, inside it")])  # fmt: skip
+    if stat.S_IMODE(st.st_mode) != WORKDIR_MODE:
+        os.chmod(workdir, WORKDIR_MODE)
 
 
 Event = Literal[
@@ -92,11 +116,23 @@ class JournalRecord:
 
 
 class Journal:
-    """Appends records; each is flushed and fsynced before the call returns."""
+    """Appends records; each is flushed and fsynced before the call returns.
+
+    A record that cannot be written (the disk is full, the filesystem went read-only) is kept,
+    in order, and written before the next record: a run that goes on to compensate after a
+    failed append leaves a whole journal once the disk has room again, and `unwritten` says
+    what is still missing. A short or failed write is cut off the file again, so the journal
+    on disk never holds a torn line in its middle."""
 
     def __init__(self, path: Path, next_seq: int = 0) -> None:
         self.path = path
         self._seq = next_seq
+        self._unwritten: list[bytes] = []
+
+    @property
+    def unwritten(self) -> int:
+        """How many records this journal holds that are not on disk yet."""
+        return len(self._unwritten)
 
     @classmethod
     def create(cls, workdir: Path) -> Journal:
@@ -129,18 +165,55 @@ class Journal:
         return cls(path, records[-1].seq + 1), records
 
     def append(self, event: Event, **fields: Any) -> JournalRecord:
-        """Writes one record as one line with one write(2), then fsyncs."""
+        """Writes the records not written yet, then this one, each one line, with one write(2),
+        then fsyncs. Raises JournalUnwritable (the records kept for the next append) when
+        the write or the fsync fails."""
         record = JournalRecord(seq=self._seq, at=time.time(), event=event, **fields)
         data = {k: v for k, v in _as_dict(record).items() if v is not None}
-        line = json.dumps(data, sort_keys=True, default=str) + "\n"
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._unwritten.append((json.dumps(data, sort_keys=True, default=str) + "\n").encode())
+        self._seq += 1
+        self.flush()
+        return record
+
+    def flush(self) -> None:
+        """Writes the records not written yet; JournalUnwritable if they still cannot be."""
+        if not self._unwritten:
+            return
+        lines = b"".join(self._unwritten)
         try:
-            os.write(fd, line.encode())
-            os.fsync(fd)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise self._unwritable(exc) from exc
+        try:
+            start = os.fstat(fd).st_size  # the one writer: the workdir's lock holder
+            try:
+                written = os.write(fd, lines)
+                if written != len(lines):
+                    raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: wrote "
+                                  f"{written} of {len(lines)} bytes")
+                os.fsync(fd)
+            except OSError as exc:
+                _cut(fd, start)
+                raise self._unwritable(exc) from exc
         finally:
             os.close(fd)
-        self._seq += 1
-        return record
+        self._unwritten.clear()
+
+    def _unwritable(self, exc: OSError) -> JournalUnwritable:
+        return JournalUnwritable(
+            f"{self.path}: cannot write the journal ({exc.strerror or exc}); "
+            f"{len(self._unwritten)} record(s) not written"
+        )
+
+
+def _cut(fd: int, size: int) -> None:
+    """Cuts a failed write off the journal: what was written of it is not a whole record, and
+    would be a torn line in the middle once the next append succeeds. Cutting frees blocks, so
+    it succeeds on a full disk; if it fails too, the failed write's error is what the caller
+    reports, and reading the journal names the torn line."""
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, size)
+        os.fsync(fd)
 
 
 def _as_dict(record: JournalRecord) -> dict[str, Any]:
@@ -215,11 +288,14 @@ class Replay:
     compensations: dict[str, JournalRecord] = field(factory=dict)
     compensating: bool = False
     end: JournalRecord | None = None
+    records: list[JournalRecord] = field(factory=list)
+    """Every record, in order (a record's line in the journal is its `seq` plus one)."""
 
     @classmethod
     def of(cls, records: list[JournalRecord]) -> Replay:
         begin = records[0]
         replay = cls(
+            records=list(records),
             spec=begin.spec or "",
             request=begin.request or {},
             components=begin.components or {},

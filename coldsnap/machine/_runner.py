@@ -5,6 +5,12 @@ step's timeout, journal `step_end` (or `step_fail`). On a failure, cancellation 
 machine moves to `compensating` and runs, exactly once each, the failed step's compensation (a
 step may fail half-way, so compensations are idempotent) and then those of the completed steps
 in reverse order; it ends in `rolled_back`, or `failed` if a compensation failed too.
+
+A journal append that fails (a full disk) does not stop the run where it is: the record is kept
+for the next append, the run stops going forward at the next step boundary and compensates as
+for a failure, and if the journal or the receipt is still not on disk when the run ends, it
+raises JournalUnwritable (with the receipt it would have written) so that the caller knows a
+`resume` must finish the record.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from ._errors import (
     Interrupted,
     InvalidFacts,
     JournalError,
+    JournalUnwritable,
     MissingFact,
     StepTimeout,
     UndeclaredFact,
@@ -150,6 +157,8 @@ class Run:
         self.resumed = False
         self.failure: ErrorRecord | None = None
         """The error that ended the run, typed (the receipt keeps it)."""
+        self.unwritable: JournalUnwritable | None = None
+        """The first failed journal append, if any: the run compensates at the next boundary."""
 
     # -- entry points -------------------------------------------------------------------------
 
@@ -223,17 +232,16 @@ class Run:
             )
 
     def _check_steps(self, replay: Replay) -> None:
-        """Every step the journal names must be one this spec selects for this request."""
-        named = [r.step for r in replay.completed]
-        named += [replay.interrupted] if replay.interrupted else []
-        named += [replay.failed.step] if replay.failed and replay.failed.step else []
-        named += list(replay.compensations)
-        unknown = sorted({n or "" for n in named} - set(self.steps))
+        """Every step the journal names must be one this spec selects for this request; the
+        error names the line of the first record that names another (a record's line is its
+        `seq` plus one: the journal's lines are its records in order)."""
+        unknown = [r for r in replay.records if r.step is not None and r.step not in self.steps]
         if unknown:
+            names = sorted({r.step or "" for r in unknown})
             raise JournalError(
-                f"{self.journal.path}: names step(s) {', '.join(map(repr, unknown))}, which "
-                f"{self.spec.name} does not run for this request "
-                f"(it runs: {', '.join(self.steps)})"
+                f"{self.journal.path}:{unknown[0].seq + 1}: names step(s) "
+                f"{', '.join(map(repr, names))}, which {self.spec.name} does not run for this "
+                f"request (it runs: {', '.join(self.steps)})"
             )
 
     def resume(self, replay: Replay) -> Receipt:
@@ -265,7 +273,7 @@ class Run:
                 return self._forward(machine, step)
             error = "interrupted: the orchestrator stopped during this step"
             self.failure = ErrorRecord.of(Interrupted(error), step.name)
-            self.journal.append(
+            self._append(
                 "step_fail", step=step.name, error=error, failure=self.failure, seconds=0.0
             )
             self.records.append(
@@ -286,25 +294,37 @@ class Run:
                 if machine.state == DONE:
                     return self._finish("done", None)
                 pending = self.steps[machine.state]
+            # A step whose start is not journaled must not run: a resume would not know it
+            # had started, and could not undo what it did.
+            if not self._append("step_start", step=pending.name):
+                return self._stop(machine, self.unwritable)
             error = self._run_step(pending)
             if error is not None:
                 return self._compensate(machine, pending, error)
+            if self.unwritable is not None:  # the step ran, but its records are not on disk
+                return self._stop(machine, self.unwritable)
             pending = None
 
     def _cancelled(self, machine: SpecMachine) -> Receipt:
-        error = "cancelled"
-        self.failure = ErrorRecord.of(Cancelled("the operation was cancelled"), None)
-        self.journal.append("step_fail", error=error, failure=self.failure)
+        return self._stop(machine, Cancelled("the operation was cancelled"), "cancelled")
+
+    def _stop(
+        self, machine: SpecMachine, cause: BaseException | None, error: str | None = None
+    ) -> Receipt:
+        """Stops going forward at a step boundary (no step failed: the operation was cancelled,
+        or its journal cannot be written) and compensates every completed step."""
+        assert cause is not None
+        self.failure = ErrorRecord.of(cause, None)
+        error = error or self.failure.line()
+        self._append("step_fail", error=error, failure=self.failure)
         if not self.completed and machine.state not in self.steps:
             # Nothing ran yet: there is nothing to undo, and `pending` has no fail transition.
-            self.journal.append("end", outcome="rolled_back", error=error)
-            return self._receipt("rolled_back", error)
+            return self._finish("rolled_back", error, emit=False)
         return self._compensate(machine, None, error)
 
     def _run_step(self, step: Step) -> str | None:
         timeout = self._timeout(step)
         ctx = self._context(step, timeout, compensating=False)
-        self.journal.append("step_start", step=step.name)
         self._emit(step.name, "started")
         started = time.monotonic()
         missing = [f.name for f in step.needs if f.name not in self.facts]
@@ -334,7 +354,7 @@ class Run:
         if exc is not None:
             self.failure = ErrorRecord.of(exc, step.name)
             error = self.failure.line()
-            self.journal.append(
+            self._append(
                 "step_fail", step=step.name, error=error, failure=self.failure, seconds=seconds
             )
             self.records.append(
@@ -344,7 +364,7 @@ class Run:
             return error
         status, detail = ("skipped", result.reason) if isinstance(result, Skipped) else ("done", "")
         self.facts.update(facts)
-        self.journal.append(
+        self._append(
             "step_end",
             step=step.name,
             status=status,
@@ -385,7 +405,9 @@ class Run:
         assert step.compensation is not None
         timeout = self._timeout(step)
         ctx = self._context(step, timeout, compensating=True)
-        self.journal.append("comp_start", step=step.name)
+        # Compensations run even where their records cannot be written: each is idempotent, so a
+        # resume that finds no record of it runs it again to no harm.
+        self._append("comp_start", step=step.name)
         self._emit(step.name, "compensating")
         started = time.monotonic()
         _, exc = self._invoke(step.compensation, ctx, timeout)
@@ -394,7 +416,7 @@ class Run:
         self._comps_done.add(step.name)
         if exc is not None:
             error = f"{type(exc).__name__}: {exc}"
-            self.journal.append("comp_fail", step=step.name, error=error, seconds=seconds)
+            self._append("comp_fail", step=step.name, error=error, seconds=seconds)
             self.comp_records.append(
                 StepRecord(
                     name=step.name, status="compensation_failed", seconds=seconds, detail=error
@@ -402,7 +424,7 @@ class Run:
             )
             self._emit(step.name, "compensation_failed", seconds, error)
             return False
-        self.journal.append("comp_end", step=step.name, seconds=seconds)
+        self._append("comp_end", step=step.name, seconds=seconds)
         self.comp_records.append(StepRecord(name=step.name, status="compensated", seconds=seconds))
         self._emit(step.name, "compensated", seconds)
         return True
@@ -429,7 +451,14 @@ class Run:
     def _progress(self, step: Step) -> Callable[[dict[str, Any]], None]:
         def record(facts: dict[str, Any]) -> None:
             _check_declared(step, facts)
-            self.journal.append("progress", step=step.name, facts=facts)
+            # Known to the run before it is journaled: if the append fails, a compensation in
+            # this process still finds what the step made (a PID right after a spawn).
+            self.facts.update(facts)
+            try:
+                self.journal.append("progress", step=step.name, facts=facts)
+            except JournalUnwritable as exc:
+                self.unwritable = self.unwritable or exc  # the step may catch it; the run won't
+                raise
             # Subscribers see it too (from the step's worker thread): a long step shows life.
             shown = ", ".join(f"{k}={v}" for k, v in sorted(facts.items()))
             self._emit(step.name, "progress", detail=shown)
@@ -482,9 +511,21 @@ class Run:
             except Exception:
                 log.exception("a step-event subscriber failed; the run goes on")
 
-    def _finish(self, outcome: str, error: str | None) -> Receipt:
-        self.journal.append("end", outcome=outcome, error=error)
-        self._emit("", "finished", detail=outcome)
+    def _append(self, event: Any, **fields: Any) -> bool:
+        """Journals a record; False (the record kept for the next append, the error in
+        `unwritable`) when it cannot be written, so that the caller goes on to compensate."""
+        try:
+            self.journal.append(event, **fields)
+        except JournalUnwritable as exc:
+            log.warning("%s", exc)
+            self.unwritable = self.unwritable or exc
+            return False
+        return True
+
+    def _finish(self, outcome: str, error: str | None, *, emit: bool = True) -> Receipt:
+        self._append("end", outcome=outcome, error=error)
+        if emit:
+            self._emit("", "finished", detail=outcome)
         return self._receipt(outcome, error)
 
     def _receipt(self, outcome: str, error: str | None) -> Receipt:
@@ -501,7 +542,16 @@ class Run:
             resumed=self.resumed,
             workdir=str(self.workdir),
         )
-        receipt.write(self.workdir)
+        try:
+            self.journal.flush()  # what a full disk held back, now that compensation freed it
+            receipt.write(self.workdir)
+        except (JournalUnwritable, OSError) as exc:
+            raise JournalUnwritable(
+                f"{self.workdir}: the operation ended {outcome} in this process, but its "
+                f"journal or receipt could not be written ({exc}): once the disk has room, "
+                "resume the operation in this workdir to record how it ended",
+                receipt,
+            ) from exc
         return receipt
 
 

@@ -100,6 +100,24 @@ def test_an_unknown_step_is_a_journal_error(tmp_path) -> None:
         _machine(world, tmp_path).resume(workdir)
 
 
+def test_an_unknown_step_names_the_line_that_names_it(tmp_path) -> None:
+    """Of a journal's records, the one naming a step the spec does not run is named by its
+    line, so an operator can look at it (a middle line here, not the last)."""
+    world = MemoryWorld()
+    workdir = _interrupted(tmp_path, world, at=4)
+    path = workdir / JOURNAL_NAME
+    lines = path.read_text().splitlines()
+    line = next(n for n, text in enumerate(lines, 1) if json.loads(text)["event"] == "step_end")
+    record = json.loads(lines[line - 1])
+    record["step"] = "no_such_step"
+    lines[line - 1] = json.dumps(record)
+    assert line < len(lines)
+    path.write_text("\n".join(lines) + "\n")
+    named = rf"{JOURNAL_NAME}:{line}: names step\(s\) 'no_such_step'"
+    with pytest.raises(JournalError, match=named):
+        _machine(world, tmp_path).resume(workdir)
+
+
 def test_an_end_record_without_a_receipt_resumes_to_the_receipt(tmp_path) -> None:
     world = MemoryWorld()
     receipt = _machine(world, tmp_path).capture(capture_request(tmp_path))
