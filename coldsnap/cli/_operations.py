@@ -48,6 +48,17 @@ def _debug() -> bool:
     return bool(ctx and ctx.find_root().obj and ctx.find_root().obj.get("debug"))
 
 
+def _once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once: JSON readers keep the last of a repeated
+    key silently, so a reviewer of the file could read one value and coldsnap act on another."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise RequestError([(key, "is given twice")])
+        out[key] = value
+    return out
+
+
 def load(path: str) -> Request:
     """The request in the file at `path` (`-`: stdin), parsed strictly: JSON, or a YAML recipe
     when its name ends in .yaml or .yml."""
@@ -55,7 +66,9 @@ def load(path: str) -> Request:
         return load_recipe(Path(path))
     try:
         raw = click.get_text_stream("stdin").read() if path == "-" else Path(path).read_text()
-        data = json.loads(raw)
+        data = json.loads(raw, object_pairs_hook=_once)
+    except RequestError:
+        raise
     except ValueError as exc:
         raise RequestError([("$", f"{path} is not JSON: {exc}")]) from None
     except RecursionError:  # the reader's own bound on nesting (a request nests three levels)
@@ -255,14 +268,15 @@ _RESTORE_HELP = """Restore a capsule and leave it serving; print its URL and PID
   coldsnap restore tiny --store /var/lib/coldsnap/store --port 30000
   coldsnap restore REQUEST_FILE          # the machine-readable form (JSON)
 
-NAME is a capsule's tag or sha256: digest; a REQUEST_FILE is spelled as a path (a '/', a
-leading '.', a .json, .yaml or .yml ending; '-': stdin), whatever files exist. Driver, provider, engine and engine flags default
-to the capsule's own; anything after `--` replaces the engine flags. The restored server serves
-on --host and --port, by default those of the captured launch command line (else 127.0.0.1 and
-the port the capture served on); n610 moves the image's listening socket there before the
-restore, n580 builds the engine on them. A port in use is refused first. The served engine is
-recorded under --serve-as (default: NAME) for `coldsnap status` and `coldsnap stop`. The request
-file's format is `coldsnap schema restore`; --recipe reads it from YAML.
+NAME is a capsule's tag or sha256: digest; a REQUEST_FILE is spelled as a path (a '/', a leading
+'.', a .json, .yaml or .yml ending; '-': stdin), whatever files exist. Driver, provider, engine
+and engine flags default to the capsule's own; anything after `--` replaces the engine flags.
+The restored server serves on --host and --port, by default those of the captured launch command
+line (else 127.0.0.1 and the port the capture served on); n610 moves the image's listening
+socket there before the restore, n580 builds the engine on them. A port in use is refused first.
+The served engine is recorded under --serve-as (default: NAME) for `coldsnap status` and
+`coldsnap stop`. The request file's format is `coldsnap schema restore`; --recipe reads it from
+YAML.
 """
 
 _RESTORE_OPTIONS = ("store", "workdir", "driver", "provider", "model_path", "serve_as")

@@ -145,3 +145,13 @@ def test_a_folder_named_like_the_engine_is_not_taken_for_its_workdir(
     assert result.exit_code == 2, result.output
     assert "'t1' is neither a name serving here" in result.stderr
     assert "write one as a path: ./t1" in result.stderr
+
+
+def test_a_key_given_twice_in_a_request_file_is_refused_naming_it(tmp_path) -> None:
+    text = ('{"kind": "coldsnap.restore-request", "driver": "n610", "provider": "native", '
+            f'"artifact": "tiny", "store": "{tmp_path}/a", "store": "{tmp_path}/b", '
+            f'"workdir": "{tmp_path}/op"}}')  # fmt: skip
+    (tmp_path / "req.json").write_text(text)
+    result = cli("restore", str(tmp_path / "req.json"), "--print-request")
+    assert result.exit_code == 2
+    assert "coldsnap: bad request: field 'store': is given twice" in result.stderr
