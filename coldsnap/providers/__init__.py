@@ -2,6 +2,8 @@
 final storages in place; `recovery` reloads a pinned checkpoint plus the captured residual
 state. Uses coldsnap.artifacts, and the leaves coldsnap._errors and coldsnap._atomic."""
 
+from typing import TYPE_CHECKING, Any
+
 from ._errors import CheckpointError, HydrationFailed, LayoutMismatch, PackDamaged, ProviderError
 from ._layout import TensorView, final_tensors, layout_digest
 from .native import (
@@ -21,12 +23,22 @@ from .native import (
     pack_members,
     verify_pack,
 )
-from .recovery import (
-    PinnedCheckpoint,
-    RecoveryReport,
-    capture_residual,
-    load_recovery,
-)
+
+if TYPE_CHECKING:
+    from .recovery import PinnedCheckpoint, RecoveryReport, capture_residual, load_recovery
+
+_RECOVERY = ("PinnedCheckpoint", "RecoveryReport", "capture_residual", "load_recovery")
+"""Loaded on first use: the recovery provider imports torch, which the orchestrator's steps
+(the providers' registration, a restore's stage) do without."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RECOVERY:
+        from . import recovery
+
+        return getattr(recovery, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "PREVERIFIED_ENV",

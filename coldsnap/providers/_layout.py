@@ -9,22 +9,39 @@ import itertools
 import json
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-import torch
 from attrs import field, frozen
 
 from coldsnap.artifacts import validate
 
 from ._errors import LayoutMismatch
 
-DTYPES: dict[str, torch.dtype] = {
-    str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)
-}
-_NAME = re.compile(r"[A-Za-z0-9_:+-]+(\.[A-Za-z0-9_:+-]+)*")
+if TYPE_CHECKING:
+    import torch
 
-Tensors = Mapping[str, torch.Tensor] | torch.nn.Module
+    Tensors = Mapping[str, torch.Tensor] | torch.nn.Module
+else:
+    Tensors = Any  # torch is imported where tensors are handled, not to read an index
+
+DTYPE_SIZES: dict[str, int] = {
+    "bool": 1, "uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8,
+    "uint16": 2, "uint32": 4, "uint64": 8,
+    "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
+    "complex32": 4, "complex64": 8, "complex128": 16,
+    "float8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2fnuz": 1, "float8_e4m3fnuz": 1,
+    "float8_e8m0fnu": 1, "float4_e2m1fn_x2": 1,
+    "qint8": 1, "quint8": 1, "qint32": 4, "quint4x2": 1, "quint2x4": 1,
+    "bits1x8": 1, "bits2x4": 1, "bits4x2": 1, "bits8": 1, "bits16": 2,
+    "uint1": 1, "uint2": 1, "uint3": 1, "uint4": 1, "uint5": 1, "uint6": 1, "uint7": 1,
+    "int1": 1, "int2": 1, "int3": 1, "int4": 1, "int5": 1, "int6": 1, "int7": 1,
+}  # fmt: skip
+"""torch's dtypes by the name a pack index writes (`str(dtype)` without `torch.`) and their
+element size in bytes. A table, not torch's own: reading and verifying a pack (a restore's
+stage, in the orchestrator) needs no torch, whose import costs 1.5-2 s. A test checks that it
+names every dtype of the installed torch with its size."""
+_NAME = re.compile(r"[A-Za-z0-9_:+-]+(\.[A-Za-z0-9_:+-]+)*")
 
 
 def name_problem(value: object) -> str | None:
@@ -37,7 +54,7 @@ def name_problem(value: object) -> str | None:
 
 
 def _dtype_problem(value: object) -> str | None:
-    return None if value in DTYPES else f"unknown dtype {value!r}"
+    return None if value in DTYPE_SIZES else f"unknown dtype {value!r}"
 
 
 _dims = attrs.validators.deep_iterable(validate.count, attrs.validators.max_len(64))
@@ -67,7 +84,7 @@ class TensorView:
         last = self.storage_offset + sum(
             (s - 1) * st for s, st in zip(self.shape, self.stride, strict=False)
         )
-        return (last + 1) * DTYPES[self.dtype].itemsize
+        return (last + 1) * DTYPE_SIZES[self.dtype]
 
 
 def view_of(name: str, tensor: torch.Tensor) -> TensorView:
@@ -98,6 +115,8 @@ class StorageGroup:
 
     def bytes_view(self) -> torch.Tensor:
         """A flat uint8 tensor over the whole storage, on its device (no copy)."""
+        import torch
+
         storage = self.tensor.untyped_storage()
         flat = torch.empty(0, dtype=torch.uint8, device=storage.device)
         return flat.set_(storage, 0, (storage.nbytes(),), (1,))
@@ -124,6 +143,8 @@ def final_tensors(
 
 def as_mapping(tensors: Tensors) -> dict[str, torch.Tensor]:
     """A name -> tensor mapping from a module (its final tensors) or a mapping (checked)."""
+    import torch
+
     if isinstance(tensors, torch.nn.Module):
         return final_tensors(tensors)
     problems = []

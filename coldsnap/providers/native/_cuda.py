@@ -39,9 +39,8 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 import xxhash
 from attrs import frozen
 
@@ -50,6 +49,9 @@ from .._errors import HydrationFailed, ProviderError
 from .._layout import as_mapping
 from ._plan import Job, plan
 from ._source import PackSource
+
+if TYPE_CHECKING:
+    import torch  # imported where it is used: reading or verifying a pack needs no torch
 
 
 def host_view(buffer: torch.Tensor, nbytes: int | None = None) -> memoryview:
@@ -60,10 +62,14 @@ def host_view(buffer: torch.Tensor, nbytes: int | None = None) -> memoryview:
 
 def use_device(device: torch.device) -> None:
     """Makes `device` this thread's current CUDA device (a new thread's is device 0)."""
+    import torch
+
     torch.cuda.set_device(device)
 
 
 def pinned(nbytes: int) -> torch.Tensor:
+    import torch
+
     return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
 
@@ -71,6 +77,8 @@ class CudaStager:
     """A pinned ring of `slots` slots of `slot_bytes`, and a dedicated stream on `device`."""
 
     def __init__(self, device: torch.device, *, slot_bytes: int, slots: int) -> None:
+        import torch
+
         self.device = torch.device(device)
         self.slot_bytes = slot_bytes
         self.ring = pinned(slot_bytes * slots)
@@ -84,10 +92,14 @@ class CudaStager:
 
     def begin(self) -> None:
         """Orders the copies after work already queued on the device's current stream."""
+        import torch
+
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
 
     def copy_from_file(self, fd: int, offset: int, nbytes: int, dest: torch.Tensor) -> None:
         """Reads file bytes [offset, offset + nbytes) and copies them into dest[:nbytes]."""
+        import torch
+
         done = 0
         while done < nbytes:
             size = min(self.slot_bytes, nbytes - done)
@@ -113,6 +125,8 @@ class CudaStager:
 
 def download_blocks(src: torch.Tensor, block_bytes: int) -> Iterator[memoryview]:
     """Yields src's bytes block by block as host memory; each view is valid until the next."""
+    import torch
+
     nbytes = src.numel()
     buffer = pinned(min(block_bytes, nbytes))
     view = host_view(buffer)
@@ -155,6 +169,8 @@ _cudart_lib: Any = None
 
 def cudart() -> Any:
     """The CUDA runtime torch loaded (the same instance, so registrations are its own)."""
+    import torch
+
     global _cudart_lib
     if _cudart_lib is None:
         torch.cuda.init()
@@ -245,6 +261,8 @@ class RegisteredFile:
 
     def host(self, offset: int, nbytes: int) -> torch.Tensor:
         """A CPU uint8 tensor over [offset, offset+nbytes) of the mapping (no copy; read only)."""
+        import torch
+
         raw = (ctypes.c_char * nbytes).from_address(self.address + offset)
         return torch.frombuffer(raw, dtype=torch.uint8)
 
@@ -323,6 +341,8 @@ class RegisteredPacks(Closing):
         verify_threads: int = 8,
         device: torch.device | None = None,
     ) -> None:
+        import torch
+
         self.source = source
         self.window_bytes = window_bytes
         self.files: dict[str, RegisteredFile] = {}
@@ -387,6 +407,8 @@ class RegisteredPacks(Closing):
     ) -> RegisteredReport:
         """Fills the destination storages from the mapped packs (see the module docstring).
         `tensors_or_jobs`: a module, a name -> tensor mapping, or jobs from `plan()`."""
+        import torch
+
         start = time.perf_counter()
         index = self.source.index
         if isinstance(tensors_or_jobs, list) and all(isinstance(j, Job) for j in tensors_or_jobs):

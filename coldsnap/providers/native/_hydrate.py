@@ -43,9 +43,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 import xxhash
 from attrs import frozen
 
@@ -56,6 +55,9 @@ from . import _cuda
 from ._index import PackIndex
 from ._plan import Job, plan
 from ._source import PackSource
+
+if TYPE_CHECKING:
+    import torch
 
 # The variable's name, for callers; only the plugin's settings read it (verify= is explicit).
 PREVERIFIED_ENV = "COLDSNAP_ARTIFACT_PREVERIFIED"

@@ -5,13 +5,16 @@ the same aliasing. Any difference is reported, one line each, and nothing is cop
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-import torch
 from attrs import frozen
 
 from .._errors import LayoutMismatch
 from .._layout import StorageGroup, group_storages
 from ._index import Extent, PackIndex
+
+if TYPE_CHECKING:
+    import torch
 
 
 @frozen
