@@ -16,6 +16,8 @@ from coldsnap.engines.sglang._cmdline import (
     check_engine_args,
 )
 
+pytestmark = pytest.mark.xdist_group("host")  # the comparison imports SGLang (seconds of CPU)
+
 LAUNCH = ["python", "-m", "sglang.launch_server", "--model-path", "/m"]
 ABBREVIATED = [
     (["--model-pat", "/other"], "--model-pat"),
