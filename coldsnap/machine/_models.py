@@ -45,7 +45,6 @@ def find_snapshot(repo_id: str, revision: str, *, prefix: str = "model") -> Cach
     """The cached snapshot of `repo_id` at `revision`, or a RequestError naming the field to
     fix (`prefix`.id, .path or .revision) and how."""
     try:
-        from huggingface_hub import snapshot_download
         from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
         from huggingface_hub.file_download import repo_folder_name
         from huggingface_hub.utils import validate_repo_id
@@ -80,6 +79,10 @@ def find_snapshot(repo_id: str, revision: str, *, prefix: str = "model") -> Cach
                 )
             ]
         )
+    # Only now: snapshot_download's module (the Hub API client) takes 0.2-0.5 s to import, which
+    # a restore whose capsule's model is not in the cache (a local checkpoint) need not pay.
+    from huggingface_hub import snapshot_download
+
     try:
         path = Path(
             snapshot_download(repo_id, revision=revision, cache_dir=cache, local_files_only=True)

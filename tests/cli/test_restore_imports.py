@@ -27,6 +27,8 @@ from coldsnap.machine import steps as s
 from tests._support import missing
 from tests.capsules.test_store_steps import Ctx
 
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("host")]  # runs the CRIU driver
+
 SOURCES = ("sglang/srt/managers/scheduler.py", "sglang/srt/model_executor/model_runner.py")
 AUDIT = """
 import atexit, json, sys
@@ -85,25 +87,47 @@ def _capsule(tmp_path: Path) -> Path:
     return tmp_path / "store"
 
 
-def test_a_fresh_restore_imports_neither_sglang_nor_torch(tmp_path: Path) -> None:
-    if importlib.util.find_spec("sglang") is None:
-        missing("sglang", "SGLang is not installed")
-    if _torch.gpu_build() is not None:
-        pytest.skip("on a GPU build of torch the restore asks torch for the device")
-    store = _capsule(tmp_path)
+def _spawn(*args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """The command line in a new process, from an operator's environment (not readied for
+    SGLang), and the sglang, torch and sgl_kernel modules it had imported at its exit."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SGLANG_USE_CPU_ENGINE")}
     done = subprocess.run(
-        [sys.executable, "-c", AUDIT, "restore", "cap", "--store", str(store), "--workdir",
-         str(tmp_path / "restore"), "--json"],
+        [sys.executable, "-c", AUDIT, *args],
         capture_output=True,
         text=True,
         timeout=300,
         env=env,
         check=False,
-    )  # fmt: skip
+    )
+    imported = [line for line in done.stderr.splitlines() if line.startswith("IMPORTED ")]
+    assert imported, done.stderr[-3000:]
+    return done, json.loads(imported[-1].removeprefix("IMPORTED "))
+
+
+@pytest.fixture
+def cpu_host() -> None:
+    if importlib.util.find_spec("sglang") is None:
+        missing("sglang", "SGLang is not installed")
+    if _torch.gpu_build() is not None:
+        pytest.skip("on a GPU build of torch the restore asks torch for the device")
+
+
+def test_a_fresh_restore_imports_neither_sglang_nor_torch(tmp_path: Path, cpu_host: None) -> None:
+    store = _capsule(tmp_path)
+    done, imported = _spawn(
+        "restore", "cap", "--store", str(store), "--workdir", str(tmp_path / "restore"), "--json"
+    )
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     admitted = [e for e in events if e.get("step") == "admit" and e.get("status") == "done"]
     assert admitted, done.stdout[-3000:] + done.stderr[-3000:]
-    imported = [line for line in done.stderr.splitlines() if line.startswith("IMPORTED ")]
-    assert imported, done.stderr[-3000:]
-    assert json.loads(imported[-1].removeprefix("IMPORTED ")) == []
+    assert imported == []
+
+
+@pytest.mark.parametrize("command", [("ls", "--store"), ("status",), ("stop", "cap")])
+def test_ls_status_and_stop_import_neither_sglang_nor_torch(
+    tmp_path: Path, cpu_host: None, command: tuple[str, ...]
+) -> None:
+    store = _capsule(tmp_path)
+    args = (*command, str(store)) if command == ("ls", "--store") else command
+    _done, imported = _spawn(*args)
+    assert imported == []
