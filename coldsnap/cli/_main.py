@@ -5,6 +5,7 @@ status, stop, sleep and wake act on what a restore left serving)."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 
@@ -21,17 +22,47 @@ from coldsnap.machine import (
 )
 
 from . import _serving
-from ._doctor import doctor
 from ._errors import finish, reported
-from ._lifecycle import schema, sleep, status, stop, wake
-from ._operations import capture, load, print_event, restore
+from ._operations import load, print_event
 from ._signals import interrupts
-from ._store_cmds import gc, ls, rm, show
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "state-machines.md"
 
+COMMANDS = {
+    "capture": "._operations:capture",
+    "restore": "._operations:restore",
+    "doctor": "._doctor:doctor",
+    "ls": "._store_cmds:ls",
+    "show": "._store_cmds:show",
+    "rm": "._store_cmds:rm",
+    "gc": "._store_cmds:gc",
+    "status": "._lifecycle:status",
+    "stop": "._lifecycle:stop",
+    "sleep": "._lifecycle:sleep",
+    "wake": "._lifecycle:wake",
+    "schema": "._lifecycle:schema",
+}
+"""The commands defined in other modules, each imported when it is run (or listed by --help):
+a command pays for its own module, not for every command's (doctor, the store commands)."""
 
-@click.group()
+
+class _Commands(click.Group):
+    """The command group, with `COMMANDS` loaded on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return super().get_command(ctx, cmd_name)
+        module, _, name = COMMANDS[cmd_name].partition(":")
+        command = getattr(importlib.import_module(module, __package__), name)
+        if not isinstance(command, click.Command):
+            raise TypeError(f"{COMMANDS[cmd_name]} is not a click command")
+        return command
+
+
+@click.group(cls=_Commands)
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
 @click.pass_context
 def main(ctx: click.Context, debug: bool) -> None:
@@ -99,7 +130,3 @@ def demo() -> None:
     from ._demo import run_demo
 
     sys.exit(run_demo())
-
-
-for _command in (capture, restore, doctor, ls, show, rm, gc, status, stop, sleep, wake, schema):
-    main.add_command(_command)
