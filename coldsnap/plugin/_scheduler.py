@@ -209,7 +209,25 @@ class SchedulerHooks:
             logger.error("coldsnap: release refused: %s", traceback.format_exc())
             self._report(group, op, "release_failed", outcome="failed", error=_err(exc))
             return _output("ReleaseMemoryOccupationReqOutput")
-        result = original(mgr, recv_req, *args, **kwargs)
+        before = set(mgr.offload_tags)
+        try:
+            result = original(mgr, recv_req, *args, **kwargs)
+        except Exception as exc:
+            # SGLang's release stopped part way: it marks every asked tag released before it
+            # pauses any, so a resume of those tags (the orchestrator's compensation) brings
+            # the engine back. Raising here would end the scheduler instead; the failure is
+            # reported (the HTTP call fails naming it, and the health gate stays closed unless
+            # nothing was marked released: then the engine serves on as after a refusal).
+            logger.error("coldsnap: release failed: %s", traceback.format_exc())
+            self._report(
+                group,
+                op,
+                "release_failed" if set(mgr.offload_tags) == before else "release_failed_part_way",
+                outcome="failed",
+                error=_err(exc),
+                released_tags=sorted(mgr.offload_tags),
+            )
+            return _output("ReleaseMemoryOccupationReqOutput")
         outcome, error, nccl = "ok", None, None
         try:
             nccl = _nccl.prepare(_tp_group()) if WEIGHTS in tags else None
@@ -256,12 +274,12 @@ class SchedulerHooks:
         return fields
 
     def _before_release(self, tags: list[str], group: Any, op: str | None) -> dict[str, Any] | None:
-        """Checks the registry and exports the native payload while the weights are intact."""
+        """Registers the models again as they serve now and exports the native payload while
+        the weights are intact."""
         if WEIGHTS not in tags:
             return None
         self._require_registered()
-        for entry in self.registry.models():
-            entry.check_live()
+        self._reregister()
         if not self.settings.export_model_payload or self.refilled_from is not None:
             # Only a capture's release exports. An n610 image keeps the capture's settings, so
             # a sleep of its restored engine would write another full copy each time; the
@@ -270,6 +288,19 @@ class SchedulerHooks:
         assert self.settings.artifact_dir is not None  # settings cross-check
         root = export_root(self.settings.artifact_dir, op)
         return self._export_models(root, _tp_rank(group))
+
+    def _reregister(self) -> None:
+        """What is released, exported and later refilled is the model as the engine serves
+        with it, not as its loader returned it: SGLang may have replaced tensors since (a
+        rotary cache recast on first use or during graph capture). Each role's `registered`
+        summary names what moved (`moved`, empty when nothing did)."""
+        registered = dict(self.status.record.get("registered") or {})
+        for entry in self.registry.models():
+            moved = entry.refresh()
+            if moved:
+                logger.info("coldsnap: %s model re-registered: %s", entry.role, "; ".join(moved))
+            registered[entry.role] = {**entry.summary(), "moved": list(moved)}
+        self.status.update("reregistered", registered=registered)
 
     def _export_models(self, root: Any, rank: int) -> dict[str, Any]:
         """Every registered model's native pack under `root` (this rank's part)."""
@@ -283,21 +314,28 @@ class SchedulerHooks:
     def around_resume(
         self, original: Any, mgr: Any, recv_req: Any, *args: Any, **kwargs: Any
     ) -> Any:
-        tags = _tags(recv_req)
+        asked = _tags(recv_req)
         group = mgr.tp_cpu_group
         op = getattr(recv_req, "rid", None)
-        if WEIGHTS not in tags or WEIGHTS not in mgr.offload_tags:
-            # Nothing to refill: SGLang's own resume (which refuses unreleased tags).
-            result = original(mgr, recv_req, *args, **kwargs)
+        # Only what this engine released is resumed. SGLang's own resume raises on a tag that
+        # is not released (KeyError in the scheduler's loop, which ends the scheduler), and an
+        # orchestrator compensating a release that was refused asks for exactly such tags:
+        # the engine it wants back is the one still serving.
+        tags = [t for t in asked if t in mgr.offload_tags]
+        if WEIGHTS not in tags:
+            # Nothing to refill: SGLang's own resume of the released rest, if any (an empty
+            # tag list would mean every tag to SGLang).
+            result = original(mgr, _with_tags(recv_req, tags), *args, **kwargs) if tags else None
             self._report(
                 group,
                 op,
-                "resumed",
+                "resumed" if tags else "resume_nothing_released",
                 outcome="ok",
                 error=None,
                 released_tags=sorted(mgr.offload_tags),
             )
-            return result
+            return _resume_output() if result is None else result
+        recv_req = _with_tags(recv_req, tags) if tags != asked else recv_req
         self.status.update("resuming", operation=op, outcome="running", error=None)
         if self.weights_invalid:
             self._report(

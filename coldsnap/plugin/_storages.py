@@ -1,9 +1,13 @@
 """The registry of final model storages (target and drafts) in one scheduler process.
 
-A model is registered right after SGLang's loader returns it, i.e. after post-load processing,
-so what is recorded is what the kernels read. Export, release and hydration all work from
-this registry; before each of them the live model is checked against it, so a transform that
-replaced a tensor after registration fails closed instead of hydrating the wrong memory.
+A model is registered right after SGLang's loader returns it, i.e. after post-load processing.
+SGLang may still replace tensors after that while it serves: a rotary `cos_sin_cache` recast to
+the activation dtype on first use (at the first forward, or during CUDA-graph capture), a cache
+grown for longer positions. So a release registers the model again as it serves then
+(`refresh`, which names what moved), and exports and frees that. Between a release and the
+hydration that refills it nothing may move: there, and at a restore's start-up hydration, the
+live model is checked against the registration, so a tensor replaced meanwhile fails closed
+instead of hydrating the wrong memory.
 """
 
 from __future__ import annotations
@@ -85,6 +89,23 @@ class RegisteredModel:
                     f"(registered {rec}, live {live[name]})"
                 )
 
+    def refresh(self) -> tuple[str, ...]:
+        """Registers the live model as it is now (what the engine serves with); returns one
+        line per tensor that appeared, disappeared or moved (storage, dtype, shape) since the
+        previous registration, empty when none did."""
+        live = self.live_records()
+        before = {r.name: r for r in self.records}
+        after = {r.name: r for r in live}
+        changes = [f"'{n}' appeared" for n in sorted(set(after) - set(before))]
+        changes += [f"'{n}' disappeared" for n in sorted(set(before) - set(after))]
+        changes += [
+            f"'{n}' {_moved(before[n], after[n])}"
+            for n in sorted(set(before) & set(after))
+            if before[n] != after[n]
+        ]
+        self.records = live
+        return tuple(changes)
+
     def tensors(self, *, persistent_only: bool = True) -> dict[str, Any]:
         """name -> live tensor: parameters and (persistent) buffers, the export/hydrate set."""
         return {
@@ -124,6 +145,21 @@ class RegisteredModel:
             "parameter_nbytes": self.parameter_nbytes,
             "devices": sorted({r.device for r in self.records}),
         }
+
+
+def _moved(old: TensorRecord, new: TensorRecord) -> str:
+    """What differs between two records of one tensor, e.g. `float32 -> bfloat16, storage
+    0x7f.. -> 0x7e..`."""
+    parts = [
+        f"{field} {getattr(old, field)} -> {getattr(new, field)}"
+        for field in ("dtype", "shape", "device")
+        if getattr(old, field) != getattr(new, field)
+    ]
+    if old.storage_ptr != new.storage_ptr:
+        parts.append(f"storage {old.storage_ptr:#x} -> {new.storage_ptr:#x}")
+    elif (old.offset_bytes, old.stride) != (new.offset_bytes, new.stride):
+        parts.append("view moved within its storage")
+    return ", ".join(parts) or "changed"
 
 
 def _storage_bytes(records: Any) -> int:

@@ -84,6 +84,20 @@ def test_check_live_fails_closed_when_a_tensor_is_replaced() -> None:
         entry.check_live()
 
 
+def test_refresh_registers_the_model_as_it_serves_and_names_what_moved() -> None:
+    model = Model(n=2, size=2 * MB)
+    entry = StorageRegistry().register("target", model)
+    assert entry.refresh() == ()  # nothing moved since load
+    model.inv_freq = model.inv_freq.to(torch.bfloat16)  # SGLang recasting a cache on first use
+    moved = entry.refresh()
+    assert len(moved) == 1
+    assert moved[0].startswith("'inv_freq' dtype float32 -> bfloat16, storage 0x")
+    entry.check_live()  # the registration is the live model now
+    assert {r.name: r.dtype for r in entry.records}["inv_freq"] == "bfloat16"
+    del model.layers[1]
+    assert entry.refresh() == ("'layers.1.weight' disappeared",)
+
+
 def test_host_release_frees_pages_keeps_addresses_and_hydration_refills(tmp_path: Path) -> None:
     from coldsnap.providers.native import PackDirectory, export_pack, hydrate_pack
 
