@@ -144,6 +144,7 @@ def test_capture_your_own_server_restore_it_on_your_port_then_stop_and_gc(
         assert slept.returncode == 0, slept.stdout + slept.stderr[-2000:]
         freed = json.loads(slept.stdout.strip().splitlines()[-1])["result"]["sleep_record"]
         assert freed["host_bytes"] > 0 and freed["healthy_while_asleep"] is False, freed
+        assert freed["exported"] is False, "the sleep wrote another copy of the weights"
         asleep = json.loads(_cli("status", "--json", "tiny", marker=marker, env=serving).stdout)
         assert asleep["sleep"] == "asleep" and asleep["running"], asleep
         woke = _cli("wake", "tiny", marker=marker, env=serving)
