@@ -36,15 +36,21 @@ MIN_DRIVER = 580
 
 @frozen
 class Finding:
+    """What a check found; `fix`, where given, replaces the check's own fix (a check that could
+    not run is fixed by what stopped it, not by what it checks)."""
+
     status: str
     detail: str
+    fix: str | None = None
 
 
 @define
 class Host:
-    """What the checks share: the --store to check, and one CRIU found once (None: unusable)."""
+    """What the checks share: the --store to check, whether to check SGLang's contracts (which
+    imports SGLang), and one CRIU found once (None: unusable)."""
 
     store: Path | None = None
+    contracts: bool = False
     _criu: Criu | None = None
     _criu_problem: str | None = None
     _found: bool = False
@@ -79,9 +85,15 @@ def _missing(detail: str) -> Finding:
     return Finding(MISSING, detail)
 
 
+_AS_ROOT = "run `coldsnap doctor` as root to check this"
+_SEE_CRIU = "fix the criu line first"
+
+
 def _root() -> Finding | None:
     uid = os.geteuid()
-    return None if uid == 0 else _missing(f"not checked: needs root (running as uid {uid})")
+    if uid == 0:
+        return None
+    return Finding(MISSING, f"not checked: needs root (running as uid {uid})", _AS_ROOT)
 
 
 def check_root(host: Host) -> Finding:
@@ -103,7 +115,7 @@ def _with_criu(
     could not run (`prefix` starts each such line, `failed` the line of a probe that raised)."""
     criu, _ = host.criu()
     if criu is None:
-        return _missing(f"{prefix}not checked: no usable CRIU")
+        return Finding(MISSING, f"{prefix}not checked: no usable CRIU", _SEE_CRIU)
     if (refused := _root()) is not None:
         return refused
     try:
@@ -219,14 +231,39 @@ def sglang_report() -> tuple[list[tuple[str, str]], dict[str, str]]:
     return list(found.problems), found.variants()
 
 
+def _plugin_registered() -> bool:
+    """Whether SGLang will load coldsnap's plugin here: its entry point is installed (read from
+    the distributions' metadata, nothing imported)."""
+    from coldsnap.plugin._contracts import ENTRY_POINT_GROUP, ENTRY_POINT_NAME
+
+    found = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=ENTRY_POINT_NAME)
+    return bool(found)
+
+
 def check_sglang(host: Host) -> Finding:
-    if sglang_version() is None:
+    version = sglang_version()
+    if version is None:
         return _missing("SGLang is not installed")
+    if not _plugin_registered():
+        return Finding(
+            MISSING,
+            f"SGLang {version}, but coldsnap's plugin entry point is not installed",
+            "reinstall coldsnap into this environment (pip install -e .)",
+        )
+    if not host.contracts:
+        # The contracts are checked by structure, which imports SGLang (10 s and more); every
+        # capture checks them anyway, and admission checks a restore's install by its files.
+        return _ok(f"SGLang {version} installed (contracts not checked: pass --contracts)")
     try:
         problems, variants = sglang_report()
+    except OSError as exc:  # torch and SGLang make caches under HOME when they are imported
+        return Finding(
+            MISSING,
+            f"SGLang does not import here: {exc.strerror}: {exc.filename}",
+            "set HOME to a directory you can write (torch and SGLang keep caches there)",
+        )
     except (ColdsnapError, ImportError, RuntimeError) as exc:
         return _missing(f"SGLang does not import here: {type(exc).__name__}: {exc}")
-    version = sglang_version()
     if problems:
         return _missing(
             f"SGLang {version}: {len(problems)} contract(s) unmet: "
@@ -278,10 +315,13 @@ class Result:
 
 
 def run_checks(host: Host, checks: tuple[Check, ...] = CHECKS) -> list[Result]:
-    return [
-        Result(c.name, (f := c.run(host)).status, f.detail, c.fix if f.status == MISSING else "")
-        for c in checks
-    ]
+    return [Result(c.name, (f := c.run(host)).status, f.detail, _fix(c, f)) for c in checks]
+
+
+def _fix(check: Check, finding: Finding) -> str:
+    if finding.status != MISSING:
+        return ""
+    return check.fix if finding.fix is None else finding.fix
 
 
 def exit_code(results: list[Result]) -> int:
@@ -299,13 +339,17 @@ def text(results: list[Result]) -> str:
 
 @click.command("doctor")
 @click.option("--store", type=click.Path(path_type=Path), help="Also check this store directory.")
+@click.option(
+    "--contracts", is_flag=True,
+    help="Also check SGLang's contracts (imports SGLang: 10 s and more).",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of lines.")
-def doctor(store: Path | None, as_json: bool) -> None:
+def doctor(store: Path | None, contracts: bool, as_json: bool) -> None:
     """Check this host: root, CRIU >= 4.2 and `criu check`, the AMX restorer patch (on AMX
     CPUs), CRIU's kernel features, the NVIDIA driver and CUDA checkpoint API (on GPU hosts),
-    SGLang and its contracts, the store. One line per requirement; exit 0 when all are met,
-    5 when something is missing."""
-    results = run_checks(Host(store=store))
+    SGLang (its contracts with --contracts), the store. One line per requirement; exit 0 when
+    all are met, 5 when something is missing."""
+    results = run_checks(Host(store=store, contracts=contracts))
     code = exit_code(results)
     if as_json:
         rows = [attrs.asdict(r) for r in results]

@@ -63,6 +63,7 @@ class _Commands(click.Group):
 
 
 @click.group(cls=_Commands)
+@click.version_option(package_name="coldsnap", message="%(prog)s %(version)s")
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
 @click.pass_context
 def main(ctx: click.Context, debug: bool) -> None:

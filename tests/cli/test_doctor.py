@@ -72,7 +72,9 @@ def only_missing(checks: dict[str, tuple[str, str]], *names: str) -> None:
 def test_all_ok_prints_one_line_per_requirement_and_exits_0(
     healthy: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    result = CliRunner().invoke(main, ["doctor", "--store", str(tmp_path / "store")])
+    result = CliRunner().invoke(
+        main, ["doctor", "--contracts", "--store", str(tmp_path / "store")]
+    )
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert [line.split()[1] for line in lines] == [c.name for c in _doctor.CHECKS]
@@ -214,7 +216,7 @@ def test_sglang_not_installed(healthy: pytest.MonkeyPatch) -> None:
 def test_sglang_contracts_unmet(healthy: pytest.MonkeyPatch) -> None:
     unmet = [("scheduler hooks", "sglang.srt.managers.scheduler.Scheduler.x: no such attribute")]
     healthy.setattr(_doctor, "sglang_report", lambda: (unmet, {}))
-    result, checks = doctor()
+    result, checks = doctor("--contracts")
     assert result.exit_code == 5
     only_missing(checks, "sglang")
     assert "1 contract(s) unmet: scheduler hooks: sglang.srt" in checks["sglang"][1]
