@@ -715,10 +715,11 @@ def variants_checked() -> dict[str, str] | None:
 
 def contract_files(contracts: Iterable[Contract] = CONTRACTS) -> list[str]:
     """The source files the contracts are read from: for every variant whose target resolves,
-    the file of the module it is looked up in and of the module its object is defined in (a
-    re-export, an inherited method). What the engine adapter hashes at capture, so that a
-    restore checks the installed build by those files instead of importing SGLang. Resolves
-    only what a check here imported already; run it after `check()`."""
+    the files of the packages and module its dotted path is looked up through, and of the
+    module its object is defined in (a re-export, an inherited method). What the engine adapter
+    hashes at capture, so that a restore checks the installed build by those files instead of
+    importing SGLang. Resolves only what a check here imported already; run it after
+    `check()`."""
     import sys
 
     files: set[str] = set()
@@ -730,7 +731,14 @@ def contract_files(contracts: Iterable[Contract] = CONTRACTS) -> list[str]:
                 obj = _unwrap(_resolve(alt.target))
             except (ImportError, AttributeError, ValueError, LookupError):
                 continue  # an absent variant: nothing of it is read
-            for thing in (owner, obj, getattr(obj, "fget", None)):
+            parts = alt.target.split(".")
+            chain = [sys.modules.get(".".join(parts[:n])) for n in range(1, len(parts))]
+            for thing in (
+                *(m for m in chain if m is not None),
+                owner,
+                obj,
+                getattr(obj, "fget", None),
+            ):
                 module_of = thing if inspect.ismodule(thing) else None
                 name = module_of.__name__ if module_of else getattr(thing, "__module__", None)
                 module = sys.modules.get(name) if isinstance(name, str) else None
