@@ -88,17 +88,49 @@ def pid_exists(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
 
 
-def running(pid: int | None, *, environ: tuple[str, str] | None = None) -> bool:
+def _boot_id() -> str:
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        return f.read().strip()
+
+
+def start_stamp(pid: int | None) -> str | None:
+    """What tells this process apart from every other that has held or will hold `pid`: the
+    host's boot id and the process's start time in clock ticks since boot (/proc/PID/stat,
+    field 22), or None when no process holds `pid`.
+
+    A PID and the environment are no identity for a restored process: CRIU gives every restore
+    of one image the same PIDs and environment, so a replica restored after another crashed
+    looks exactly like it. Its start time does not: the kernel sets it when CRIU forks the
+    task, once per restore. Exact integers, unlike psutil's create_time (boot time plus a
+    float), so a recorded stamp compares equal only to the same process."""
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        ticks = stat[stat.rindex(")") + 2 :].split()[19]  # fields after the command's name
+        return f"{_boot_id()}:{int(ticks)}"
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def running(
+    pid: int | None, *, environ: tuple[str, str] | None = None, started: str | None = None
+) -> bool:
     """Whether `pid` is a live process: it exists and has not ended (a zombie, or one being
     torn down, has). With `environ=(name, value)`, also that its initial environment sets
-    `name` to `value`: a PID that another process took since fails that check, so a caller
-    that signals only what passes it never signals a stranger. A process whose environment
-    cannot be read is not taken for the one asked about."""
+    `name` to `value`; with `started`, also that its `start_stamp` is that one: a PID that
+    another process took since fails these checks (the stamp even when the other process is a
+    replica restored from the same image), so a caller that signals only what passes them
+    never signals a stranger. A process whose environment cannot be read is not taken for the
+    one asked about."""
     if not pid:
         return False
     try:
         proc = psutil.Process(pid)
         if proc.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            return False
+        if started is not None and start_stamp(pid) != started:
             return False
         if environ is None:
             return True

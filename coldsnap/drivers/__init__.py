@@ -3,6 +3,6 @@ its specs and registers itself (entry point group `coldsnap.registrations`)."""
 
 from coldsnap.machine import LaunchCommand, Launcher
 
-from ._facts import DUMP_SECONDS, RESTORE_SECONDS
+from ._facts import DUMP_SECONDS, ENGINE_START, RESTORE_SECONDS
 
-__all__ = ["DUMP_SECONDS", "RESTORE_SECONDS", "LaunchCommand", "Launcher"]
+__all__ = ["DUMP_SECONDS", "ENGINE_START", "RESTORE_SECONDS", "LaunchCommand", "Launcher"]

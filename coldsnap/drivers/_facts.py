@@ -7,6 +7,11 @@ from coldsnap.machine import steps as s
 
 DUMP_SECONDS = fact("dump_seconds", "seconds CRIU took to dump")
 RESTORE_SECONDS = fact("restore_seconds", "seconds CRIU took to restore")
+ENGINE_START = fact(
+    "engine_start",
+    "start stamp of the engine's root process (boot id and start time): what tells it apart "
+    "from a replica restored from the same image, which has its PID and environment",
+)
 
 RETIRE_SOURCE = Step(
     "retire_source",
@@ -26,8 +31,9 @@ def stop_engine(*uses: Fact) -> Step:
     return Step(
         "stop_engine",
         "driver.stop_engine",
-        "stop the engine's whole process tree (a PID another process took since is not "
-        "signalled), then remove its runtime dir (and an n580 template's control dir) and CRIU's "
+        "stop the engine's whole process tree (a PID another process took since, a replica "
+        "restored from the same image included, is not signalled), then remove its runtime dir "
+        "(and an n580 template's control dir) unless another live process uses it, and CRIU's "
         "restore work dir in the target's workdir",
         no_compensation="stopping is what was asked; a restore brings the engine back",
         on_interrupt="retry",

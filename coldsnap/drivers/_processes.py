@@ -20,8 +20,10 @@ import psutil
 
 from coldsnap._paths import HOST_RUN
 from coldsnap.backends import Criu, Launched, become_subreaper, launch, reap_children, stop_tree
-from coldsnap.backends.procs import pid_exists, running, tree_pids
+from coldsnap.backends.procs import pid_exists, running, start_stamp, tree_pids
 from coldsnap.machine import LaunchCommand, LifecycleRequest, StepContext
+
+from ._facts import ENGINE_START
 
 HOST_ROOT = HOST_RUN
 """Where engines' runtime dirs and templates' control dirs live: the only place outside the
@@ -142,13 +144,26 @@ def operation_dir(ctx: StepContext) -> Path:
 def still_ours(ctx: StepContext, pid: int | None, belongs: Belongs) -> int | None:
     """`pid` when it may be signalled: always within the operation that started it; for a
     lifecycle operation (a stop long after the restore) only while the process still
-    `belongs` to that engine, since its PID may have been taken by another process since."""
+    `belongs` to that engine and, where the target recorded one, has the engine's start
+    stamp (ENGINE_START, declared by the stop's step): its PID may have been taken since
+    by another process, and a replica restored from the same image has the same PID and
+    environment. A target recorded before stamps were is judged by `belongs` alone."""
     if pid is None or not isinstance(ctx.request, LifecycleRequest):
         return pid
+    stamp = None
+    if ctx.request.operation == "stop":  # the one lifecycle operation with a driver's step
+        stamp = ctx.facts.get("engine_start")
+    if stamp is not None and start_stamp(pid) != stamp:
+        return None
     try:
         return pid if belongs(psutil.Process(pid)) else None
     except (psutil.Error, OSError):
         return None
+
+
+def engine_stamp(pid: int | None) -> dict[str, Any]:
+    """The ENGINE_START fact of the process just spawned or restored as `pid`."""
+    return {ENGINE_START.name: start_stamp(pid)}
 
 
 def runtime_dirs_of(pid: int | None) -> set[str]:
@@ -167,6 +182,32 @@ def discard_host_dirs(*paths: str | None) -> None:
     """`discard_host_dir` for each path."""
     for path in paths:
         discard_host_dir(path)
+
+
+def discard_unused(path: str | None, belongs: Belongs) -> None:
+    """`discard_host_dir`, unless a live process still `belongs` to the directory: a replica
+    restored from the same image has the same runtime dir (and an n580 template the same
+    control dir), and what one replica's stop or failed restore leaves must not be taken from
+    another that serves."""
+    if path and not find_roots(belongs):
+        discard_host_dir(path)
+
+
+def make_host_dir(path: str | None) -> bool:
+    """Makes an engine's runtime dir (mode 0700) where it is strictly below HOST_ROOT and does
+    not exist yet; whether it made it. The path comes from a capsule's facts, so nothing is
+    made anywhere else; one that exists belongs to whoever made it (another replica)."""
+    if not path:
+        return False
+    target = Path(path)
+    if not target.is_absolute() or ".." in target.parts or HOST_ROOT not in target.parents:
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        target.mkdir(mode=0o700)
+    except FileExistsError:
+        return False
+    return True
 
 
 def discard_host_dir(path: str | None) -> None:

@@ -32,7 +32,7 @@ from attrs import define, field
 
 from coldsnap.artifacts import Difference
 from coldsnap.drivers import n580, n610
-from coldsnap.drivers._facts import DUMP_SECONDS, RESTORE_SECONDS
+from coldsnap.drivers._facts import DUMP_SECONDS, ENGINE_START, RESTORE_SECONDS
 from coldsnap.drivers.n580._specs import (
     CONTROL_DIR,
     FORKSERVER_ADDRESS,
@@ -75,6 +75,11 @@ def _size(data: Any) -> int:
 def _op(ctx: StepContext) -> str:
     """The operation's name: its workdir's last component (stable across a resume)."""
     return os.path.basename(ctx.request.workdir.rstrip("/"))
+
+
+def _stamp(ctx: StepContext, pid: int) -> dict[str, Any]:
+    """A pretend process's start stamp (ENGINE_START): its operation and PID, unique here."""
+    return {ENGINE_START.name: f"memory:{_op(ctx)}:{pid}"}
 
 
 def checkpoint_weights(path: str) -> str:
@@ -263,9 +268,10 @@ class MemoryProcessDriver(_MemoryDriver):
         self._call(ctx, "driver.launch_engine")
         command = self._command(ctx)
         pid = self.world.spawn(**self.world.boot(command, ctx.request))
-        ctx.record(**{s.ENGINE_PID.name: pid})
+        ctx.record(**{s.ENGINE_PID.name: pid}, **_stamp(ctx, pid))
         return {
             s.ENGINE_PID.name: pid,
+            **_stamp(ctx, pid),
             s.ENGINE_URL.name: command.url,
             s.ENGINE_LOG.name: str(ctx.workdir / "engine.log"),
             s.RUNTIME_DIR.name: command.env["COLDSNAP_RUNTIME_DIR"],
@@ -327,12 +333,14 @@ class MemoryProcessDriver(_MemoryDriver):
         image = self.world.read(ctx.facts[s.IMAGE_DIR.name])
         capsule = ctx.facts[s.CAPSULE.name]
         pid = self.world.spawn(**{**image, "stopped": True})
-        ctx.record(**{s.ENGINE_PID.name: pid})
+        ctx.record(**{s.ENGINE_PID.name: pid}, **_stamp(ctx, pid))
         return {
             s.ENGINE_PID.name: pid,
+            **_stamp(ctx, pid),
             s.ENGINE_URL.name: capsule[s.ENGINE_URL.name],
             s.ENGINE_LOG.name: str(ctx.workdir / "engine.log"),
             s.RUNTIME_DIR.name: capsule[s.RUNTIME_DIR.name],
+            n610.RUNTIME_DIR_MADE.name: True,  # the memory world keeps no directories
             RESTORE_SECONDS.name: 0.0,
             CUDA_PIDS.name: [pid] if image.get("cuda") else [],
         }
@@ -358,6 +366,7 @@ class MemoryTemplateDriver(_MemoryDriver):
         pid = self.world.spawn(kind="template", cuda_mapping=False, url=command.url)
         facts = {
             TEMPLATE_PID.name: pid,
+            **_stamp(ctx, pid),
             TEMPLATE_ID.name: template_id,
             CONTROL_DIR.name: f"/memory/control/{template_id}",
             s.ENGINE_LOG.name: str(ctx.workdir / "engine.log"),
@@ -391,9 +400,10 @@ class MemoryTemplateDriver(_MemoryDriver):
         image = self.world.read(ctx.facts[s.IMAGE_DIR.name])
         template_id = ctx.facts[s.CAPSULE.name][TEMPLATE_ID.name]
         pid = self.world.spawn(**image)
-        ctx.record(**{TEMPLATE_PID.name: pid})
+        ctx.record(**{TEMPLATE_PID.name: pid}, **_stamp(ctx, pid))
         return {
             TEMPLATE_PID.name: pid,
+            **_stamp(ctx, pid),
             CONTROL_DIR.name: f"/memory/control/{template_id}",
             s.ENGINE_LOG.name: str(ctx.workdir / "engine.log"),
             RESTORE_SECONDS.name: 0.0,

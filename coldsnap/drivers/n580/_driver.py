@@ -27,11 +27,14 @@ from coldsnap.machine import (
 
 from .._errors import TemplateEnded
 from .._processes import (
+    RUNTIME_ENV,
     Processes,
-    discard_host_dirs,
     discard_images,
     discard_restore_work,
+    discard_unused,
     dump_live,
+    engine_stamp,
+    env_is,
     find_roots,
     has_arg,
     operation_dir,
@@ -106,10 +109,11 @@ class N580Driver:
             engine_log=str(ctx.workdir / "engine.log"),
         )
         pid = self.processes.start(command, ctx.workdir / "engine.log")
-        ctx.record(template_pid=pid)
+        ctx.record(template_pid=pid, **engine_stamp(pid))
         status = _wait_status(control, "waiting", pid, ctx, self.processes)
         return {
             "template_pid": pid,
+            **engine_stamp(pid),
             "template_id": template_id,
             "control_dir": str(control),
             "import_seconds": status.get("import_seconds"),
@@ -124,7 +128,9 @@ class N580Driver:
         drain), then removes its control dir, the runtime dirs (the template's own and the
         engine's) and CRIU's restore work dir. A template whose PID was never journaled (the
         orchestrator died between the spawn or the restore and its record) is found by its
-        control dir or by CRIU's pidfile."""
+        control dir or by CRIU's pidfile. Replicas of one capsule share the control dir (the
+        capsule's template id names it), so a directory is removed only while no live process
+        uses it."""
         control = ctx.facts.get("control_dir")
         pid = still_ours(ctx, pid, has_arg(control))
         if pid is None and ctx.request.operation == "restore":
@@ -141,7 +147,9 @@ class N580Driver:
             kill_tree(pid)
         self.processes.stop(pid)
         self.processes.stop_strays(strays)
-        discard_host_dirs(control, ctx.facts.get("runtime_dir"), *sorted(dirs))
+        discard_unused(control, has_arg(control))
+        for runtime_dir in sorted({ctx.facts.get("runtime_dir"), *dirs} - {None}):
+            discard_unused(runtime_dir, env_is(RUNTIME_ENV, runtime_dir))
         discard_restore_work(operation_dir(ctx))
 
     def check_context_free(self, ctx: StepContext) -> None:
@@ -168,6 +176,7 @@ class N580Driver:
         )
         facts = {
             "template_pid": tree.pid,
+            **engine_stamp(tree.pid),
             "control_dir": str(control),
             "engine_log": str(ctx.workdir / "engine.log"),
             "restore_seconds": tree.seconds,

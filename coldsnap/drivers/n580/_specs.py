@@ -8,7 +8,14 @@ from attrs import evolve
 from coldsnap.machine import Spec, Step, fact
 from coldsnap.machine import steps as s
 
-from .._facts import DISCARD_LAYOUT, DUMP_SECONDS, RESTORE_SECONDS, RETIRE_SOURCE, stop_engine
+from .._facts import (
+    DISCARD_LAYOUT,
+    DUMP_SECONDS,
+    ENGINE_START,
+    RESTORE_SECONDS,
+    RETIRE_SOURCE,
+    stop_engine,
+)
 
 TEMPLATE_PID = fact("template_pid", "PID of the template process")
 TEMPLATE_ID = fact(
@@ -49,8 +56,8 @@ CAPTURE = Spec(
             timeout_s=300.0,
             needs=(s.WEIGHT_SOURCE,),
             uses=(s.RUNTIME_DIR,),
-            makes=(TEMPLATE_PID, TEMPLATE_ID, CONTROL_DIR, s.ENGINE_LOG, IMPORT_SECONDS,
-                   FORKSERVER_ADDRESS),
+            makes=(TEMPLATE_PID, ENGINE_START, TEMPLATE_ID, CONTROL_DIR, s.ENGINE_LOG,
+                   IMPORT_SECONDS, FORKSERVER_ADDRESS),
         ),
         Step(
             "check_context_free",
@@ -96,7 +103,7 @@ RESTORE = Spec(
             timeout_s=300.0,
             needs=(s.IMAGE_DIR, s.CAPSULE),
             uses=(s.RUNTIME_DIR,),
-            makes=(TEMPLATE_PID, CONTROL_DIR, s.ENGINE_LOG, RESTORE_SECONDS),
+            makes=(TEMPLATE_PID, ENGINE_START, CONTROL_DIR, s.ENGINE_LOG, RESTORE_SECONDS),
         ),
         _RELEASE_RESTORED,
         s.WAIT_HEALTHY,
@@ -111,6 +118,9 @@ STOP = Spec(
     "n580",
     doc="Stop the engine a restore (or a capture that kept its source) left running, with the "
     "template's control directory, and remove what it left in the target's workdir.",
-    seeds=(s.ENGINE_PID, s.RUNTIME_DIR, s.CAPSULE, TEMPLATE_PID, CONTROL_DIR),
-    steps=[stop_engine(s.RUNTIME_DIR, s.CAPSULE, TEMPLATE_PID, CONTROL_DIR), DISCARD_LAYOUT],
+    seeds=(s.ENGINE_PID, s.RUNTIME_DIR, s.CAPSULE, TEMPLATE_PID, CONTROL_DIR, ENGINE_START),
+    steps=[
+        stop_engine(s.RUNTIME_DIR, s.CAPSULE, TEMPLATE_PID, CONTROL_DIR, ENGINE_START),
+        DISCARD_LAYOUT,
+    ],
 )

@@ -20,12 +20,14 @@ from coldsnap.machine import ComponentError, Launcher, Skipped, StepContext, lau
 from .._processes import (
     RUNTIME_ENV,
     Processes,
-    discard_host_dirs,
     discard_images,
     discard_restore_work,
+    discard_unused,
     dump_live,
+    engine_stamp,
     env_is,
     find_roots,
+    make_host_dir,
     operation_dir,
     restored_root,
     still_ours,
@@ -98,13 +100,18 @@ class N610Driver:
         pid = self.processes.start(
             command, ctx.workdir / "engine.log", new_pid_namespace=self.new_pid_namespace
         )
-        ctx.record(engine_pid=pid)
-        return {**facts, "engine_pid": pid}
+        made = {"engine_pid": pid, **engine_stamp(pid)}
+        ctx.record(**made)
+        return {**facts, **made}
 
     def stop_engine(self, ctx: StepContext) -> None:
         """Stops the engine, then removes its runtime dir and CRIU's restore work dir. An
         engine whose PID was never journaled (the orchestrator died between the spawn or the
-        restore and its record) is found by its runtime dir or by CRIU's pidfile."""
+        restore and its record) is found by its runtime dir or by CRIU's pidfile.
+
+        Replicas of one capsule share the runtime dir (CRIU restores the environment that
+        names it), so it is removed only while no live process uses it, and a failed restore
+        removes it only when that restore made it."""
         runtime_dir = ctx.facts.get("runtime_dir")
         if ctx.request.operation == "restore":
             runtime_dir = runtime_dir or (ctx.facts.get("capsule") or {}).get("runtime_dir")
@@ -119,7 +126,11 @@ class N610Driver:
             strays = [] if pid else find_roots(belongs)
         self.processes.stop(pid)
         self.processes.stop_strays(strays)
-        discard_host_dirs(runtime_dir)
+        made = True  # a capture's launcher made it; a stop removes what its engine used
+        if ctx.request.operation == "restore":
+            made = bool(ctx.facts.get("runtime_dir_made"))
+        if made:
+            discard_unused(runtime_dir, belongs)
         discard_restore_work(operation_dir(ctx))
 
     def retire_source(self, ctx: StepContext) -> None:
@@ -130,7 +141,8 @@ class N610Driver:
         pid = ctx.facts["engine_pid"]
         kill_tree(pid)
         self.processes.stop(pid)  # reaps the launcher and forgets the tree
-        discard_host_dirs(ctx.facts.get("runtime_dir"))  # a restore makes it again
+        runtime_dir = ctx.facts.get("runtime_dir")  # a restore makes it again
+        discard_unused(runtime_dir, env_is(RUNTIME_ENV, runtime_dir))
 
     # -- CUDA ---------------------------------------------------------------------------------
 
@@ -192,6 +204,11 @@ class N610Driver:
             images, capsule["engine_url"], getattr(request, "port", None),
             getattr(request, "host", None),
         )  # fmt: skip
+        runtime_dir = capsule.get("runtime_dir")
+        if "runtime_dir_made" not in ctx.facts:  # a retried restore keeps its first answer
+            # Journaled before the restore: its compensation removes the dir only if this
+            # restore made it (a replica of the same capsule that serves already has it).
+            ctx.record(runtime_dir=runtime_dir, runtime_dir_made=make_host_dir(runtime_dir))
         tree = self.criu.restore(
             images,
             work_dir=ctx.workdir / "criu-restore",
@@ -205,7 +222,9 @@ class N610Driver:
             "engine_pid": tree.pid,
             "engine_url": url,
             "engine_log": str(ctx.workdir / "engine.log"),
-            "runtime_dir": capsule.get("runtime_dir"),
+            "runtime_dir": runtime_dir,
+            "runtime_dir_made": ctx.facts["runtime_dir_made"],
+            **engine_stamp(tree.pid),
             "restore_seconds": tree.seconds,
             "cuda_pids": list(capsule.get("cuda_pids") or ()),
         }

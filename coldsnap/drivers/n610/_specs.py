@@ -6,10 +6,22 @@ from __future__ import annotations
 from coldsnap.machine import CUDA, Spec, Step, fact
 from coldsnap.machine import steps as s
 
-from .._facts import DISCARD_LAYOUT, DUMP_SECONDS, RESTORE_SECONDS, RETIRE_SOURCE, stop_engine
+from .._facts import (
+    DISCARD_LAYOUT,
+    DUMP_SECONDS,
+    ENGINE_START,
+    RESTORE_SECONDS,
+    RETIRE_SOURCE,
+    stop_engine,
+)
 
 CUDA_PIDS = fact(
     "cuda_pids", "PIDs of the engine's processes that hold a CUDA context", carried=True
+)
+RUNTIME_DIR_MADE = fact(
+    "runtime_dir_made",
+    "whether this restore made the engine's runtime dir (a replica of the same capsule that "
+    "serves already has it, and keeps it)",
 )
 
 _FREED_BY_KILL = "the process_restore compensation kills the restored tree, which frees this"
@@ -29,7 +41,7 @@ CAPTURE = Spec(
             compensation="driver.stop_engine",
             timeout_s=120.0,
             needs=(s.WEIGHT_SOURCE,),
-            makes=(s.ENGINE_PID, s.ENGINE_URL, s.ENGINE_LOG, s.RUNTIME_DIR),
+            makes=(s.ENGINE_PID, s.ENGINE_URL, s.ENGINE_LOG, s.RUNTIME_DIR, ENGINE_START),
         ),
         s.WAIT_HEALTHY,
         s.RECORD_ACCEPTANCE,
@@ -86,8 +98,8 @@ RESTORE = Spec(
             compensation="driver.stop_engine",
             timeout_s=600.0,
             needs=(s.IMAGE_DIR, s.CAPSULE),
-            makes=(s.ENGINE_PID, s.ENGINE_URL, s.ENGINE_LOG, s.RUNTIME_DIR, RESTORE_SECONDS,
-                   CUDA_PIDS),
+            makes=(s.ENGINE_PID, s.ENGINE_URL, s.ENGINE_LOG, s.RUNTIME_DIR, RUNTIME_DIR_MADE,
+                   ENGINE_START, RESTORE_SECONDS, CUDA_PIDS),
         ),
         s.RANKS_PRESENT,
         Step(
@@ -129,6 +141,6 @@ STOP = Spec(
     "n610",
     doc="Stop the engine a restore (or a capture that kept its source) left running, and remove "
     "what it left on the host and in the target's workdir.",
-    seeds=(s.ENGINE_PID, s.RUNTIME_DIR, s.CAPSULE),
-    steps=[stop_engine(s.RUNTIME_DIR, s.CAPSULE), DISCARD_LAYOUT],
+    seeds=(s.ENGINE_PID, s.RUNTIME_DIR, s.CAPSULE, ENGINE_START),
+    steps=[stop_engine(s.RUNTIME_DIR, s.CAPSULE, ENGINE_START), DISCARD_LAYOUT],
 )
