@@ -15,7 +15,6 @@ from coldsnap.machine import (
     JOURNAL_NAME,
     REGISTRY,
     Machine,
-    StopRequest,
     document,
     parse_request,
     read_journal,
@@ -89,8 +88,7 @@ def resume(workdir: Path) -> None:
         with interrupts(str(workdir)) as cancel:
             machine = Machine.for_request(request, subscribers=[print_event])
             receipt = machine.resume(workdir, cancel=cancel)
-        if isinstance(request, StopRequest) and receipt.ok:
-            _serving.forget(Path(request.target))  # what `coldsnap stop` does once it is done
+        _serving.after_resume(request, workdir)  # what stop and restore do once they end
     finish(receipt)
 
 

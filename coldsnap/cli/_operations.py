@@ -347,10 +347,10 @@ def restore(
         if print_request:
             click.echo(request_json(request))
             return
-        name = serve_as or (request.artifact if not request.artifact.startswith("sha256:")
-                            else request.artifact.removeprefix("sha256:")[:12])  # fmt: skip
+        name = serve_as or _serving.default_name(request.artifact)
         _check_free(name, request.port, request.host, by_default)
         with (
+            _serving.taking(name, Path(request.workdir), request.artifact),  # records it too
             _watching(as_json) as subscriber,
             interrupts(request.workdir, events=as_json) as cancel,
         ):
@@ -366,17 +366,6 @@ def restore(
             "capsule_digest": facts.get("capsule_digest"),
             "timings": {k: round(v, 3) for k, v in receipt.timings().items()},
         }
-        serving = _serving.Serving(
-            name=name,
-            workdir=str(Path(request.workdir).resolve()),
-            artifact=request.artifact,
-            capsule_digest=extra["capsule_digest"],
-            url=extra["url"],
-            pid=extra["pid"],
-            started=time.time(),
-        )
-        with reported(_debug):
-            _serving.record(serving)
         if not as_json:
             click.echo(
                 f"serving {name} at {extra['url']} (pid {extra['pid']}); stop it with: "
@@ -428,20 +417,10 @@ def _listen_default(request: RestoreRequest) -> tuple[RestoreRequest, bool]:
 
 
 def _check_free(name: str, port: int | None, host: str | None, by_default: bool) -> None:
-    """Refuses, before anything starts, a name that already serves or a port in use."""
+    """Refuses, before anything starts, a name that is no name or a port in use (whether the
+    name is free is checked when the restore takes it: _serving.taking)."""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", name):
         raise RequestError([("--serve-as", f"{name!r} is not a name (letters, digits, . _ -)")])
-    for serving in _serving.records():
-        if serving.name == name and _serving.state(Path(serving.workdir))["running"]:
-            raise RequestError(
-                [
-                    (
-                        "--serve-as",
-                        f"{name!r} already serves at {serving.url} (pid "
-                        f"{serving.pid}): stop it, or pick another --serve-as",
-                    )
-                ]
-            )
     if port is not None:
         try:
             check_port_free(host or "127.0.0.1", port)

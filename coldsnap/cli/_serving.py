@@ -1,26 +1,33 @@
 """What serves after a `coldsnap restore`, so that `stop` and `status` find it by name.
 
 The restore's workdir is the truth: its receipt holds the engine's PID, URL and runtime dir, its
-journal what the operation did. A serving record (`SERVING_DIR/NAME.json`, written by the
-command line once a restore is done) only maps a name to that workdir. SERVING_DIR is on a
-tmpfs (/run) by default: after a reboot nothing serves, and no record says otherwise.
+journal what the operation did. A serving record (`SERVING_DIR/NAME.json`) only maps a name to
+that workdir: a restore takes the name before it starts (`taking`, under the name's lock, so two
+restores never both get it) and settles it from its receipt when it ends, or `coldsnap resume`
+does once it finishes one (`after_resume`). SERVING_DIR is on a tmpfs (/run) by default: after
+a reboot nothing serves, and no record says otherwise.
 
-An engine is identified by its runtime dir, which is in every one of its processes' environment
-(CRIU restores the environment as it was): a PID that another process took since is never
-signalled.
+An engine is identified by its PID, its runtime dir (in every one of its processes'
+environment) and its start stamp (the restored root's boot id and start time, in the receipt):
+CRIU restores PIDs and environment as they were, so a replica restored from the same capsule
+after this one ended has the first two, never the third. A PID that another process took since
+is never signalled, nor counted as running.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import socket
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import filelock
 from attrs import asdict, frozen
 
 from coldsnap._atomic import write_json_atomic
@@ -32,8 +39,11 @@ from coldsnap.machine import (
     JournalError,
     Receipt,
     Replay,
+    Request,
     RequestError,
+    RestoreRequest,
     StepEvent,
+    StopRequest,
     read_journal,
 )
 from coldsnap.machine._receipt import RECEIPT_NAME
@@ -122,10 +132,13 @@ def receipt(workdir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def engine_alive(pid: int | None, runtime_dir: str | None) -> bool:
-    """Whether `pid` runs and is the engine of `runtime_dir` (not a later process that took
-    the PID). Without a runtime dir to compare, a live non-zombie PID counts."""
-    return running(pid, environ=("COLDSNAP_RUNTIME_DIR", runtime_dir) if runtime_dir else None)
+def engine_alive(pid: int | None, runtime_dir: str | None, started: str | None = None) -> bool:
+    """Whether `pid` runs and is the engine of `runtime_dir` that started at `started` (not a
+    later process that took the PID, a replica of the same capsule included). Without a
+    runtime dir or a stamp to compare (a receipt written before stamps were), what is there
+    is compared."""
+    environ = ("COLDSNAP_RUNTIME_DIR", runtime_dir) if runtime_dir else None
+    return running(pid, environ=environ, started=started)
 
 
 def listening(url: str | None) -> bool:
@@ -163,7 +176,7 @@ def state(workdir: Path) -> dict[str, Any]:
     pid, url, runtime = facts.get("engine_pid"), facts.get("engine_url"), facts.get("runtime_dir")
     out["pid"], out["url"] = pid, url
     out["capsule_digest"] = facts.get("capsule_digest")
-    out["running"] = engine_alive(pid, runtime)
+    out["running"] = engine_alive(pid, runtime, facts.get("engine_start"))
     out["listening"] = out["running"] and listening(url)
     ops = _sleep.operations(workdir)
     out["sleep"] = _sleep.sleep_state(ops)
@@ -171,6 +184,131 @@ def state(workdir: Path) -> dict[str, Any]:
     pending = next((op for op in reversed(ops) if op.outcome is None), None)
     out["pending"] = None if pending is None else str(pending.workdir)
     return out
+
+
+# -- names taken for a restore ------------------------------------------------------------------
+
+
+def default_name(artifact: str) -> str:
+    """The name a restore serves under when none is given: the capsule's tag, or the first 12
+    hex digits of its digest."""
+    return artifact.removeprefix("sha256:")[:12] if artifact.startswith("sha256:") else artifact
+
+
+@contextlib.contextmanager
+def _name_lock(name: str, *, wait: float = 0.0) -> Iterator[None]:
+    """Holds `SERVING_DIR/NAME.lock`: whoever holds it alone reads, takes or settles the
+    name's record (a check and a write that others could interleave otherwise)."""
+    folder = serving_dir()
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lock = filelock.FileLock(
+        folder / f"{name}.lock", timeout=wait, thread_local=False, is_singleton=False
+    )
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        raise RequestError(
+            [("--serve-as", f"{name!r} is being taken by another restore right now: pick "
+              "another --serve-as")]
+        ) from None  # fmt: skip
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _held(name: str) -> str | None:
+    """Why `name` is not free (with the name's lock held), or None: its record names an engine
+    that runs, or a restore that did not end (its orchestrator died: `coldsnap resume` finishes
+    it, and that restore keeps the name)."""
+    held = _read_record(serving_dir() / f"{name}.json")
+    if held is None:
+        return None
+    now = state(Path(held.workdir))
+    if now["running"]:
+        return f"{name!r} already serves at {now['url']} (pid {now['pid']}; stop it)"
+    if now["state"] == "compensating" or now["state"].startswith("running"):
+        return (
+            f"{name!r} is taken by the restore in {held.workdir}, which did not end (finish it "
+            f"with `coldsnap resume {held.workdir}`)"
+        )
+    return None
+
+
+def _settle(name: str, workdir: Path, artifact: str) -> bool:
+    """Records the engine of the restore in `workdir` under `name` once that restore is done,
+    and releases the name when it ended otherwise or never began; a restore that began and
+    has no receipt yet keeps the name for `coldsnap resume`. Whether the name now serves."""
+    done = receipt(workdir)
+    if done is None and (workdir / JOURNAL_NAME).exists():
+        return False
+    if done is None or done.get("outcome") != "done":
+        current = _read_record(serving_dir() / f"{name}.json")
+        if current is not None and Path(current.workdir) == workdir:
+            (serving_dir() / f"{name}.json").unlink()
+        return False
+    facts = done.get("facts") or {}
+    record(
+        Serving(
+            name=name,
+            workdir=str(workdir),
+            artifact=artifact,
+            capsule_digest=facts.get("capsule_digest"),
+            url=facts.get("engine_url"),
+            pid=facts.get("engine_pid"),
+            started=time.time(),
+        )
+    )
+    return True
+
+
+@contextlib.contextmanager
+def taking(name: str, workdir: Path, artifact: str) -> Iterator[None]:
+    """Takes `name` for the restore that runs in `workdir` during the `with` block, atomically:
+    the name's lock is held throughout, so a second restore under the same name at once is
+    refused (RequestError naming --serve-as), as is a name whose record names an engine that
+    runs or a restore that did not end. The record is written first, naming the workdir (so a
+    restore whose orchestrator dies keeps its name, and `coldsnap resume` finds it); on the
+    way out it is settled from the workdir's receipt."""
+    workdir = workdir.resolve()
+    with _name_lock(name):
+        held = _held(name)
+        if held is not None:
+            raise RequestError([("--serve-as", f"{held}, or pick another --serve-as")])
+        record(Serving(name=name, workdir=str(workdir), artifact=artifact, capsule_digest=None,
+                       url=None, pid=None, started=time.time()))  # fmt: skip
+        try:
+            yield
+        finally:
+            _settle(name, workdir, artifact)
+
+
+def after_resume(request: Request, workdir: Path) -> str | None:
+    """What `coldsnap stop` and `coldsnap restore` do once their operation ends, for one that
+    `coldsnap resume` finished in `workdir`: a stop done forgets its target's records; a
+    restore settles the name it took (recorded with its engine when done, released when not).
+    A restore whose record is gone (SERVING_DIR is on a tmpfs) takes its default name, unless
+    another engine has it. Returns the name a restore now serves under."""
+    if isinstance(request, StopRequest):
+        if (receipt(workdir) or {}).get("outcome") == "done":
+            forget(Path(request.target))
+        return None
+    if not isinstance(request, RestoreRequest):
+        return None
+    workdir = workdir.resolve()
+    named = next((s.name for s in records() if Path(s.workdir) == workdir), None)
+    if named is None and (receipt(workdir) or {}).get("outcome") != "done":
+        return None  # no name taken, none to take
+    name = named or default_name(request.artifact)
+    with _name_lock(name, wait=30.0):
+        if named is None:
+            held = _held(name)
+            if held is not None:
+                raise ServingError(
+                    f"the restore in {workdir} could not take its name: {held}; it is not "
+                    f"recorded as serving (`coldsnap status {workdir}`, `coldsnap stop {workdir}`)"
+                )
+        return name if _settle(name, workdir, request.artifact) else None
 
 
 def stop(workdir: Path, subscribers: Iterable[Callable[[StepEvent], None]] = ()) -> Receipt:
@@ -189,6 +327,8 @@ __all__ = [
     "SERVING_ENV",
     "Serving",
     "ServingError",
+    "after_resume",
+    "default_name",
     "engine_alive",
     "forget",
     "record",
@@ -196,5 +336,6 @@ __all__ = [
     "serving_dir",
     "state",
     "stop",
+    "taking",
     "workdir_of",
 ]

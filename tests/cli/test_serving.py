@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -221,4 +222,129 @@ def test_a_stop_whose_orchestrator_died_is_finished_by_resume(
     resumed = cli("resume", str(workdir / "ops" / "stop-1"))
     assert resumed.exit_code == 0, resumed.output
     assert engine.proc.wait(10) is not None and not engine.runtime_dir.exists()
+    assert "nothing serving" in cli("status").stdout
+
+
+# -- names: taken atomically, kept by a restore that `coldsnap resume` finishes ------------------
+
+
+class _Restores:
+    """The Machine of `coldsnap restore` and `coldsnap resume`, played on the stand-in engine:
+    a restore journals its begin, then (as `hold` says) waits half-way until released, dies
+    half-way (its orchestrator killed), or ends as `outcome` with its receipt. Stops go to the
+    real Machine of the `machines` fixture."""
+
+    def __init__(self, engine: Engine, real: Any, *, hold: bool = False, die: bool = False,
+                 outcome: str = "done") -> None:  # fmt: skip
+        self.engine, self.real = engine, real
+        self.hold, self.die, self.outcome = hold, die, outcome
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.began: list[str] = []
+
+    def for_request(self, request: Any, **options: Any) -> Any:
+        return self if isinstance(request, RestoreRequest) else self.real(request, **options)
+
+    def restore(self, request: RestoreRequest, cancel: Any = None) -> Receipt:
+        self.began.append(request.workdir)
+        journal = Journal.create(Path(request.workdir))
+        journal.append("begin", spec="restore-n610", request=unstructure(request))
+        if self.hold and len(self.began) == 1:
+            self.entered.set()
+            assert self.release.wait(60), "the test never released the first restore"
+        if self.die:
+            raise KeyboardInterrupt  # the orchestrator ends mid-step: no end, no receipt
+        return self._end(Path(request.workdir), journal)
+
+    def resume(self, workdir: Path, cancel: Any = None) -> Receipt:
+        return self._end(workdir, Journal.reopen(workdir)[0])
+
+    def _end(self, workdir: Path, journal: Journal) -> Receipt:
+        journal.append("end", outcome=self.outcome)
+        engine, facts = self.engine, {}
+        if self.outcome == "done":
+            facts = {"engine_pid": engine.proc.pid, "engine_url": engine.url,
+                     "runtime_dir": str(engine.runtime_dir)}  # fmt: skip
+        receipt = Receipt(operation="restore", spec="restore-n610", outcome=self.outcome,
+                          steps=(), facts=facts, workdir=str(workdir))  # fmt: skip
+        receipt.write(workdir)
+        return receipt
+
+
+@pytest.fixture
+def restores(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> Any:
+    def make(**kw: Any) -> _Restores:
+        fake = _Restores(engine, Machine.for_request, **kw)
+        monkeypatch.setattr(Machine, "for_request", staticmethod(fake.for_request))
+        return fake
+
+    return make
+
+
+def _request_file(tmp_path: Path, name: str) -> Path:
+    workdir, store = tmp_path / name, tmp_path / "store"
+    request = RestoreRequest(driver="n610", provider="native", artifact="tiny",
+                             workdir=str(workdir), store=str(store))  # fmt: skip
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(unstructure(request)))
+    return path
+
+
+def test_two_restores_under_one_name_at_once_one_is_refused(tmp_path: Path, env, restores) -> None:
+    fake = restores(hold=True)
+    first: dict[str, Any] = {}
+
+    def run_first() -> None:
+        try:
+            main.main(["restore", str(_request_file(tmp_path, "op-a")), "--serve-as", "web",
+                       "--json"], standalone_mode=False)  # fmt: skip
+        except SystemExit as exc:
+            first["code"] = exc.code
+        else:
+            first["code"] = 0
+
+    thread = threading.Thread(target=run_first)
+    thread.start()
+    try:
+        assert fake.entered.wait(60), "the first restore did not start"
+        second = cli("restore", str(_request_file(tmp_path, "op-b")), "--serve-as", "web")
+    finally:
+        fake.release.set()
+        thread.join(60)
+    assert second.exit_code == 2, second.output
+    assert "field '--serve-as'" in second.stderr and "being taken" in second.stderr
+    assert fake.began == [str(tmp_path / "op-a")], "the second restore ran"
+    assert first["code"] == 0
+    assert json.loads((tmp_path / "serving" / "web.json").read_text())["workdir"] == str(
+        tmp_path / "op-a"
+    )
+    later = cli("restore", str(_request_file(tmp_path, "op-c")), "--serve-as", "web")
+    assert later.exit_code == 2 and "already serves" in later.stderr, later.output
+    assert fake.began == [str(tmp_path / "op-a")]
+
+
+def test_a_restore_that_rolled_back_gives_its_name_back(tmp_path: Path, env, restores) -> None:
+    restores(outcome="rolled_back")
+    result = cli("restore", str(_request_file(tmp_path, "op-a")), "--serve-as", "web")
+    assert result.exit_code == 3, result.output
+    assert not (tmp_path / "serving" / "web.json").exists()
+    assert "nothing serving" in cli("status").stdout
+
+
+def test_a_restore_finished_by_resume_serves_under_its_name(
+    tmp_path: Path, env, engine: Engine, restores
+) -> None:
+    fake = restores(die=True)
+    died = cli("restore", str(_request_file(tmp_path, "op-a")), "--serve-as", "web")
+    assert died.exit_code != 0 and not (tmp_path / "op-a" / "receipt.json").exists()
+    taken = cli("restore", str(_request_file(tmp_path, "op-b")), "--serve-as", "web")
+    assert taken.exit_code == 2 and "did not end" in taken.stderr, taken.output
+    fake.die = False
+    resumed = cli("resume", str(tmp_path / "op-a"))
+    assert resumed.exit_code == 0, resumed.output
+    state = json.loads(cli("status", "--json", "web").stdout)
+    assert state["running"] and state["workdir"] == str(tmp_path / "op-a")
+    assert cli("status").stdout.startswith("web  running")
+    stopped = cli("stop", "web")
+    assert stopped.exit_code == 0, stopped.output
+    assert engine.proc.wait(10) is not None
     assert "nothing serving" in cli("status").stdout
