@@ -271,6 +271,7 @@ def taking(name: str, workdir: Path, artifact: str) -> Iterator[None]:
     restore whose orchestrator dies keeps its name, and `coldsnap resume` finds it); on the
     way out it is settled from the workdir's receipt."""
     workdir = workdir.resolve()
+    earlier = (workdir / JOURNAL_NAME).exists()  # the Machine refuses it: not this restore's
     with _name_lock(name):
         held = _held(name)
         if held is not None:
@@ -280,7 +281,10 @@ def taking(name: str, workdir: Path, artifact: str) -> Iterator[None]:
         try:
             yield
         finally:
-            _settle(name, workdir, artifact)
+            if earlier:  # what the workdir holds is another operation's: never named here
+                (serving_dir() / f"{name}.json").unlink()
+            else:
+                _settle(name, workdir, artifact)
 
 
 def after_resume(request: Request, workdir: Path) -> str | None:

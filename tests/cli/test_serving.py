@@ -348,3 +348,15 @@ def test_a_restore_finished_by_resume_serves_under_its_name(
     assert stopped.exit_code == 0, stopped.output
     assert engine.proc.wait(10) is not None
     assert "nothing serving" in cli("status").stdout
+
+
+def test_a_restore_into_a_workdir_of_another_operation_takes_no_name(
+    tmp_path: Path, env, engine: Engine
+) -> None:
+    """The Machine refuses a workdir that journals an earlier operation; the name is not left
+    pointing at that operation's engine."""
+    _restored(tmp_path, engine)  # a restore done in tmp_path/op, serving as tiny
+    refused = cli("restore", str(_request_file(tmp_path, "op")), "--serve-as", "web")
+    assert refused.exit_code != 0, refused.output
+    assert not (tmp_path / "serving" / "web.json").exists()
+    assert [line.split()[0] for line in cli("status").stdout.splitlines()] == ["tiny"]
