@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 
 import pytest
 
@@ -16,6 +17,8 @@ from coldsnap.machine import ErrorRecord, JournalUnwritable, Receipt
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
 def test_a_signal_cancels_the_operation_and_names_the_resume_command(tmp_path, capfd, sig):
+    # Python runs signal handlers in the main thread only: elsewhere SIGTERM would end pytest.
+    assert threading.current_thread() is threading.main_thread()
     before = signal.getsignal(sig)
     workdir = tmp_path / "op dir"
     with interrupts(str(workdir)) as cancel:
