@@ -33,11 +33,12 @@ from coldsnap.machine import (
 )
 
 from . import _serving
-from ._cmdline import notice, parse_launch
+from ._cmdline import engine_adapter, notice, parse_launch
 from ._errors import finish, reported, say
 from ._events import print_json_event
 from ._progress import ENDED, LiveSteps, step_line
 from ._recipes import load_recipe
+from ._restore_flags import check_honoured, set_over
 from ._signals import interrupts
 
 _TAG = re.compile(r"[^A-Za-z0-9._-]+")
@@ -221,11 +222,12 @@ def _capture_request(
     if not line.model_path:
         raise RequestError([("--model-path", "is empty: name the model's directory or hub id")])
     say(notice(line))
-    model = _model_ref(line.model_path, model_id, revision, "--revision")
+    model = _model_ref(line.model_path, model_id, revision, ("--model-path", "--revision"))
     draft = None
     if line.draft_path is not None:
         draft = _model_ref(line.draft_path, None, line.draft_revision,
-                           "--speculative-draft-model-revision")  # fmt: skip
+                           ("--speculative-draft-model-path",
+                            "--speculative-draft-model-revision"))  # fmt: skip
     store = store.expanduser().absolute()
     tag = name or _tag_of(Path(model.id).name)
     return CaptureRequest(
@@ -244,19 +246,29 @@ def _capture_request(
     )
 
 
-def _model_ref(path: str, model_id: str | None, revision: str | None, flag: str) -> ModelRef:
+LOCAL_REVISION = "local"
+"""The revision a capsule of a model captured from a local directory binds (no hub id names
+that directory: a restore that needs the checkpoint is given its path)."""
+
+
+def _model_ref(
+    path: str, model_id: str | None, revision: str | None, flags: tuple[str, str]
+) -> ModelRef:
     """A local directory as it is; anything else is a Hugging Face id found in the local cache
-    (never downloaded), which needs a revision (`flag` names where it comes from)."""
+    (never downloaded), which needs a revision (`flags`: where the path and the revision come
+    from). A path that is no directory is named as the problem, not the revision."""
+    path_flag, revision_flag = flags
     local = Path(path).expanduser()
     if local.is_dir():
-        return ModelRef(id=model_id or local.resolve().name, revision=revision or "local",
-                        path=str(local.resolve()))  # fmt: skip
+        return ModelRef(id=model_id or local.resolve().name,
+                        revision=revision or LOCAL_REVISION, path=str(local.resolve()))  # fmt: skip
     if path.startswith(("/", "~", "./", "../")):  # plainly a path: no hub id looks like one
-        raise RequestError([("--model-path", f"{path!r} is no directory")])
+        raise RequestError([(path_flag, f"{path!r} is no directory")])
     if not revision:
         raise RequestError(
-            [(flag, f"{path!r} is no local directory: as a Hugging Face id it needs {flag}")]
-        )
+            [(path_flag, f"{path!r} is no directory here; if it is a Hugging Face id (read "
+              f"from the local cache, never downloaded), give its revision with {revision_flag}")]
+        )  # fmt: skip
     return ModelRef(id=model_id or path, revision=revision)
 
 
@@ -429,6 +441,18 @@ def _check_free(name: str, port: int | None, host: str | None, by_default: bool)
             raise RequestError([("port", f"{exc}{why}")]) from None
 
 
+def _check_tagged(store: Store, target: str) -> None:
+    """Refuses a NAME no tag of the store names, listing the tags (a digest is the store's to
+    resolve)."""
+    if target.startswith("sha256:"):
+        return
+    tags = store.tag_names()
+    if target not in tags:
+        known = ", ".join(tags) if tags else "none"
+        raise RequestError([("NAME", f"no capsule tagged {target!r} in {store.root} (tags: "
+                             f"{known})")])  # fmt: skip
+
+
 def _restore_request(
     target: str,
     engine_args: tuple[str, ...],
@@ -450,10 +474,15 @@ def _restore_request(
         raise RequestError([("--store", f"{store} is not a directory")])
     if model_path == "":
         raise RequestError([("--model-path", "is empty: name the checkpoint's directory")])
-    record: CaptureRecord | None = capture_record(Store.open(store), target)
+    opened = Store.open(store)
+    _check_tagged(opened, target)
+    record: CaptureRecord | None = capture_record(opened, target)
     if record is None:
         raise RequestError([("NAME", f"capsule {target} has no {RECORD_NAME}: use a request file")])
     driver, provider = driver or record.driver, provider or record.provider
+    if engine_args and driver in REGISTRY.names("driver"):  # else the request check names it
+        engine_args = set_over(record.engine_args, engine_args)
+        check_honoured(engine_adapter(record.engine), driver, record.engine_args, engine_args)
     path = "" if model_path is None else str(Path(model_path).expanduser().resolve())
     tag = _tag_of(target.removeprefix("sha256:")[:12] if target.startswith("sha256:") else target)
 
@@ -474,6 +503,13 @@ def _restore_request(
     if path or not record.model_id:
         return request(ModelRef(id=record.model_id, revision=record.revision, path=path)
                        if path else None)  # fmt: skip
+    if record.revision == LOCAL_REVISION:  # no hub id: the Hugging Face cache cannot hold it
+        fallback = request(None)
+        if REGISTRY.restore_needs_model(fallback):
+            raise RequestError([("--model-path", f"capsule {target} was captured from a local "
+                                 f"directory (model {record.model_id!r}), which a capsule does "
+                                 "not name: give that checkpoint's directory")])  # fmt: skip
+        return fallback
     # The capsule's model from the Hugging Face cache where it is there. Whether this restore
     # needs the checkpoint is for the check of its components, which names `model` when it is
     # missing; why the cache has none is then said beside it.

@@ -112,7 +112,7 @@ def test_the_draft_model_becomes_the_request_s_draft(tmp_path) -> None:
     )
     assert request.draft is not None and request.draft.path == str((tmp_path / "draft").resolve())
     assert "--speculative-draft-model-path" not in " ".join(request.engine_args)
-    with pytest.raises(RequestError, match="needs --speculative-draft-model-revision"):
+    with pytest.raises(RequestError, match="with --speculative-draft-model-revision"):
         _capture_request((*head, "--speculative-draft-model-path", "org/draft"), **options)
     with pytest.raises(CommandLineError, match="needs --speculative-draft-model-path"):
         parse_launch([*head, "--speculative-draft-model-revision", "abc"])

@@ -89,6 +89,7 @@ def _publish(
     driver: str = "n610",
     provider: str = "native",
     args: tuple[str, ...] = (),
+    revision: str = "local",
 ) -> str:
     record = to_json(
         CaptureRecord(
@@ -96,7 +97,7 @@ def _publish(
             provider=provider,
             engine="sglang",
             model_id="tiny-llama",
-            revision="local",
+            revision=revision,
             facts={},
             engine_args=args,
         )
@@ -125,7 +126,7 @@ def test_restore_by_name_takes_the_capsule_s_components_and_engine_flags(tmp_pat
 def test_a_restore_that_needs_the_model_says_why_the_cache_has_none(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     store = Store(tmp_path / "store")
-    _publish(store, "tiny", provider="recovery")
+    _publish(store, "tiny", provider="recovery", revision="abc123")
     result = cli("restore", "tiny", "--store", str(store.root), "--print-request")
     assert result.exit_code == 2, result.output
     assert "field 'model'" in result.stderr
@@ -134,10 +135,11 @@ def test_a_restore_that_needs_the_model_says_why_the_cache_has_none(tmp_path, mo
 
 def test_restore_flags_after_the_name_replace_the_capture_s(tmp_path) -> None:
     store = Store(tmp_path / "store")
-    _publish(store, "tiny", args=("--dtype", "bfloat16"))
+    _publish(store, "tiny", driver="n580", args=("--log-level", "info", "--dtype", "bfloat16"))
     result = cli("restore", "tiny", "--store", str(store.root), "--print-request", "--",
-                 "--dtype", "float32")  # fmt: skip
-    assert json.loads(result.stdout)["engine_args"] == ["--dtype", "float32"]
+                 "--log-level", "debug")  # fmt: skip
+    assert json.loads(result.stdout)["engine_args"] == ["--dtype", "bfloat16", "--log-level",
+                                                        "debug"]  # fmt: skip
 
 
 def test_restore_of_a_missing_capsule_names_it(tmp_path) -> None:

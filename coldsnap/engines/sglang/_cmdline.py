@@ -239,6 +239,19 @@ def check_engine_args(args: Sequence[str]) -> list[tuple[str, str]]:
     return problems
 
 
+_PARSER_ERROR = re.compile(r"^\S+: error: .+$", re.MULTILINE)
+"""argparse's last line when it refuses a command line (`launch_server.py: error: ...`), printed
+after the whole usage text (about 50 lines for SGLang's flags)."""
+
+
+def refused_line(log: str) -> str | None:
+    """The line in which SGLang's parser refused its command line (a mistyped or unknown flag,
+    a bad value), found in the engine's log `log`; None when the log holds none. The usage text
+    before it names every flag SGLang has and says nothing about the one that is wrong."""
+    found = _PARSER_ERROR.findall(log)
+    return found[-1].strip() if found else None
+
+
 class SGLangCommandLine:
     """The launch-line policy as the engine adapter's methods (`SGLangEngine` inherits them)."""
 
@@ -286,4 +299,5 @@ __all__ = [
     "abbreviation_problem",
     "check_engine_args",
     "parse_command_line",
+    "refused_line",
 ]

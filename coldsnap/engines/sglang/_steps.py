@@ -45,7 +45,7 @@ from coldsnap.machine import (
 from coldsnap.machine import steps as s
 
 from ._build import installed_sglang, recorded_sglang
-from ._cmdline import SGLangCommandLine
+from ._cmdline import SGLangCommandLine, refused_line
 from ._launcher import export_dir
 from ._options import GRAPH_SAVER_ENV
 from ._policy import SGLANG_POLICY
@@ -648,6 +648,8 @@ def _log_tail(ctx: StepContext) -> str:
         tail = Path(path).read_text(errors="replace")[-_LOG_TAIL_CHARS:]
     except OSError as exc:
         return f"; its log {path} cannot be read: {exc}"
+    if (refused := refused_line(tail)) is not None:
+        return f": it refused its command line: {refused} (its log: {path})"
     return f"; the tail of its log {path}:\n{tail}"
 
 
