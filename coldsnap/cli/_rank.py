@@ -29,6 +29,7 @@ from ._errors import finish, reported
 from ._events import print_json_event
 from ._operations import request_json
 from ._progress import LiveSteps
+from ._signals import interrupts
 
 LAYOUT = ("objects", "objects/sha256", "capsules", "tags", "tmp", "locks")
 """The store's directories (coldsnap.artifacts.Store makes any that are missing: here, refused)."""
@@ -147,12 +148,14 @@ def rank(
         if print_request:
             click.echo(request_json(request))
             return
-        if as_json:
-            machine = Machine.for_request(request, subscribers=[print_json_event])
-            receipt = machine.restore(request)
-        else:
-            with LiveSteps() as live:
-                receipt = Machine.for_request(request, subscribers=[live]).restore(request)
+        with interrupts(request.workdir, events=as_json) as cancel:  # SIGTERM: roll back
+            if as_json:
+                machine = Machine.for_request(request, subscribers=[print_json_event])
+                receipt = machine.restore(request, cancel=cancel)
+            else:
+                with LiveSteps() as live:
+                    machine = Machine.for_request(request, subscribers=[live])
+                    receipt = machine.restore(request, cancel=cancel)
     facts = receipt.facts
     extra = {"rank": rank, "url": facts.get("engine_url"), "pid": facts.get("engine_pid"),
              "capsule_digest": facts.get("capsule_digest")}  # fmt: skip
