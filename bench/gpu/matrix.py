@@ -210,6 +210,7 @@ class Matrix:
             "prompts": sm.PROMPTS,
             "new_tokens": sm.NEW_TOKENS,
             "entries": {},
+            "coldsnap_from": _coldsnap_from(),
         }
 
     def left(self) -> float:
@@ -295,6 +296,7 @@ class Matrix:
         from coldsnap.machine import WeightSource
 
         checks: dict[str, Any] = {}
+        self.log("coldsnap from", self.results["coldsnap_from"])
         for entry in self.args.archs:
             model = build_entry(entry, self.args.root / "models")
             run_args = argparse.Namespace(
@@ -321,6 +323,14 @@ class Matrix:
         self.results["dry"] = checks
         self.save()
         return 0
+
+
+def _coldsnap_from() -> str:
+    """Where this process imports coldsnap from: the harness, its engines and the CLI must all
+    import the tree under test."""
+    import coldsnap
+
+    return str(Path(coldsnap.__file__).resolve().parent)
 
 
 # -- the table ------------------------------------------------------------------------------------
