@@ -228,6 +228,7 @@ class Matrix:
             "--cli-restores", str(a.cli_restores), "--mem-frac", a.mem_frac,
             "--cold-s", str(a.cold_s), "--capture-s", str(a.capture_s),
             "--restore-s", str(a.restore_s),
+            *(["--engine-args", a.engine_args] if a.engine_args is not None else []),
         ]  # fmt: skip
 
     def collect(self, entry: str, note: str | None = None) -> None:
@@ -443,6 +444,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--capture-s", type=float, default=90.0, help="least time to start a capture")
     p.add_argument("--restore-s", type=float, default=25.0, help="least time to start a restore")
     p.add_argument("--mem-frac", default="0.05", help="--mem-fraction-static of every server")
+    p.add_argument(
+        "--engine-args",
+        help="the engines' flags, one string, instead of sglang_machine's GPU flags and "
+        '--mem-frac ("" on a CPU host: the adapter\'s own CPU flags)',
+    )
     p.add_argument("--dry", action="store_true", help="no GPU: build, validate, launch nothing")
     p.add_argument("--one", help=argparse.SUPPRESS)
     p.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
@@ -461,7 +467,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    sm.ENGINE_ARGS = (*sm.BASE_ARGS, "--mem-fraction-static", args.mem_frac)
+    if args.engine_args is None:
+        sm.ENGINE_ARGS = (*sm.BASE_ARGS, "--mem-fraction-static", args.mem_frac)
+    else:
+        sm.ENGINE_ARGS = tuple(shlex.split(args.engine_args))
     args.out.mkdir(parents=True, exist_ok=True)
     args.root.mkdir(parents=True, exist_ok=True)
     if args.one:
