@@ -173,7 +173,11 @@ class CudaRelease:
         except Exception as exc:
             logger.error("coldsnap: release measurement failed: %s", traceback.format_exc())
             report = {"at": started, "tags": tags, "error": _err(exc)}
-        self.status.update("cuda_release_measured", **{REPORT_FIELD: report})
+        # A release the scheduler refused keeps that verdict as its last event: the health
+        # gate reads it to let an engine that released nothing serve on.
+        events = self.status.record.get("events") or [{}]
+        refused = events[-1].get("event") == "release_failed"
+        self.status.update(None if refused else "cuda_release_measured", **{REPORT_FIELD: report})
         return result
 
     def _after_release(

@@ -249,6 +249,21 @@ def test_on_cpu_the_record_says_cpu_and_no_device_bytes(tmp_path: Path) -> None:
     assert mgr.torch.cuda.calls == []  # no CUDA call on a CPU engine
 
 
+def test_a_refused_release_keeps_the_refusal_as_its_last_event(tmp_path: Path) -> None:
+    """The health gate lets an engine serve on after a release every rank refused before
+    releasing anything, reading each rank's last event; the measurement must not cover it."""
+    cr, mgr, status = setup(tmp_path, device="cpu")
+
+    def refused(m: Manager, r: Any) -> str:
+        status.update("release_failed", outcome="failed", error="refused")  # the inner hook's
+        return "ReleaseOutput"
+
+    cr.around_release(refused, mgr, SimpleNamespace(tags=None))
+    record = json.loads(status_path(tmp_path, "scheduler-tp0").read_text())
+    assert record["events"][-1]["event"] == "release_failed"
+    assert record[REPORT_FIELD]["device"] == "cpu"  # measured all the same
+
+
 def test_requests_wait_from_the_release_until_a_good_resume(tmp_path: Path) -> None:
     cr, mgr, status = setup(tmp_path)
     batches: list[Any] = []
