@@ -64,7 +64,7 @@ def load(path: str) -> Request:
     """The request in the file at `path` (`-`: stdin), parsed strictly: JSON, or a YAML recipe
     when its name ends in .yaml or .yml."""
     if path.endswith((".yaml", ".yml")):
-        return load_recipe(Path(path))
+        return load_recipe(Path(path), _recipe_defaults)
     try:
         raw = click.get_text_stream("stdin").read() if path == "-" else Path(path).read_text()
         data = json.loads(raw, object_pairs_hook=_once)
@@ -77,6 +77,46 @@ def load(path: str) -> Request:
     except OSError as exc:
         raise RequestError([("$", f"cannot read {path}: {exc.strerror}")]) from None
     return parse_request(data)
+
+
+def _recipe_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """A recipe's request with the command line's defaults where it names none: the store, a
+    fresh workdir under STORE/../ops for each run, and the driver and provider (a capture's
+    option defaults; a restore's, the capsule's). Anything malformed is left for the request's
+    own check to name."""
+    out = dict(data)
+    operation = {CaptureRequest.KIND: "capture", RestoreRequest.KIND: "restore"}.get(
+        out.get("kind"))  # fmt: skip
+    if operation is None:
+        return out
+    if not isinstance(out.setdefault("store", str(DEFAULT_STORE)), str):
+        return out
+    store = Path(out["store"]).expanduser().absolute()
+    if operation == "capture":
+        for name in ("driver", "provider"):
+            out.setdefault(name, _option_default(capture, name))
+        model = out.get("model")
+        named = model.get("path") or model.get("id") if isinstance(model, dict) else None
+        tag = out.get("name") or _tag_of(Path(str(named or "capsule")).name)
+    else:
+        artifact = str(out.get("artifact") or "capsule")
+        tag = _tag_of(artifact.removeprefix("sha256:")[:12])
+        if ("driver" not in out or "provider" not in out) and store.is_dir():
+            from ._store_cmds import capture_record
+
+            record = capture_record(Store.open(store), artifact)
+            if record is not None:
+                out.setdefault("driver", record.driver)
+                out.setdefault("provider", record.provider)
+                out.setdefault("engine", record.engine)
+                out.setdefault("engine_args", list(record.engine_args))
+    out.setdefault("workdir", _workdir(None, store, operation, str(tag)))
+    return out
+
+
+def _option_default(command: click.Command, name: str) -> Any:
+    """The default of `command`'s option `name`: a recipe gets what the command line gets."""
+    return next(p.default for p in command.params if p.name == name)
 
 
 def request_json(request: Request) -> str:

@@ -11,10 +11,16 @@ What the loader refuses besides, each naming its line, before the document is bu
   request's keys are all names).
 - nesting deeper than MAX_DEPTH (a request nests three levels; Python's recursion gives out
   near a thousand).
+
+What a recipe leaves out, the command line's defaults give (`defaults`, which the command
+passes): the store, a fresh workdir for each run (so a recipe runs again and again; a workdir
+written in the recipe is that one directory, whose journal a second run finds), and the driver
+and provider (a capture's defaults; a restore's, the capsule's).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +84,13 @@ class _RecipeLoader(yaml.SafeLoader):
             seen.add(key)
 
 
-def read_recipe(text: str, where: str) -> Request:
-    """The request in the YAML `text` (from `where`, for messages), parsed strictly."""
+Defaults = Callable[[dict[str, Any]], dict[str, Any]]
+"""The recipe's mapping with what it leaves out filled in (the command line's defaults)."""
+
+
+def read_recipe(text: str, where: str, defaults: Defaults | None = None) -> Request:
+    """The request in the YAML `text` (from `where`, for messages), parsed strictly after
+    `defaults` fill in what it leaves out."""
     try:
         data = yaml.load(text, Loader=_RecipeLoader)  # safe_load, with the refusals above
     except _Refused as exc:
@@ -89,17 +100,17 @@ def read_recipe(text: str, where: str) -> Request:
     if not isinstance(data, dict):
         kind = type(data).__name__
         raise RequestError([("$", f"{where} must hold a mapping (a request), got {kind}")])
-    return parse_request(data)
+    return parse_request(data if defaults is None else defaults(data))
 
 
-def load_recipe(path: Path) -> Request:
+def load_recipe(path: Path, defaults: Defaults | None = None) -> Request:
     try:
         text = path.read_text()
     except OSError as exc:
         raise RequestError([("--recipe", f"cannot read {path}: {exc.strerror}")]) from None
     except UnicodeDecodeError as exc:
         raise RequestError([("--recipe", f"{path} is not UTF-8 text ({exc.reason})")]) from None
-    return read_recipe(text, str(path))
+    return read_recipe(text, str(path), defaults)
 
 
-__all__ = ["MAX_DEPTH", "load_recipe", "read_recipe"]
+__all__ = ["MAX_DEPTH", "Defaults", "load_recipe", "read_recipe"]
