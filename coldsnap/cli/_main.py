@@ -1,7 +1,7 @@
-"""Commands: capture, restore, resume, plan, docs, demo, doctor, ls, show, rm, gc, status, stop,
-sleep, wake, schema. Parsing is click's; the work is the Machine's, over the components the
+"""Commands: capture, restore, resume, plan, docs, demo, doctor, ls, show, rm, gc, status, logs,
+stop, sleep, wake, schema. Parsing is click's; the work is the Machine's, over the components the
 registry builds for each request (doctor checks the host; ls, show, rm and gc read the store;
-status, stop, sleep and wake act on what a restore left serving)."""
+status, logs, stop, sleep and wake act on what a restore left serving)."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ COMMANDS = {
     "sleep": "._lifecycle:sleep",
     "wake": "._lifecycle:wake",
     "schema": "._lifecycle:schema",
+    "logs": "._logs:logs",
 }
 """The commands defined in other modules, each imported when it is run (or listed by --help):
 a command pays for its own module, not for every command's (doctor, the store commands)."""
