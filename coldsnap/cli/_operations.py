@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import time
 import uuid
@@ -16,7 +17,7 @@ from typing import Any
 import attrs
 import click
 
-from coldsnap._errors import ColdsnapError
+from coldsnap._errors import ColdsnapError, EnvironmentMissing, RefusedError
 from coldsnap._paths import DEFAULT_STORE
 from coldsnap.artifacts import Store
 from coldsnap.backends.inet import PortInUse, check_port_free
@@ -42,6 +43,21 @@ from ._restore_flags import check_honoured, set_over
 from ._signals import interrupts
 
 _TAG = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class NotRoot(RefusedError, EnvironmentMissing, PermissionError):
+    """A capture or restore run without root: CRIU, which snapshots and restores the engine's
+    processes, needs it."""
+
+
+def _need_root(operation: str) -> None:
+    """Refuses, before anything starts, a capture or restore this user cannot finish: without
+    root the engine would start (a minute and more) and the snapshot then fail."""
+    if (uid := os.geteuid()) != 0:
+        raise NotRoot(
+            f"{operation} needs root (running as uid {uid}): CRIU snapshots and restores the "
+            "engine's processes; run it as root (`coldsnap doctor` checks this host)"
+        )
 
 
 def _debug() -> bool:
@@ -231,6 +247,7 @@ def capture(
             return
         if not isinstance(request, CaptureRequest):
             raise RequestError([("kind", "`coldsnap capture` takes a capture request")])
+        _need_root("capture")
         with (
             _watching(as_json) as subscriber,
             interrupts(request.workdir, events=as_json) as cancel,
@@ -401,6 +418,7 @@ def restore(
             return
         name = serve_as or _serving.default_name(request.artifact)
         _check_free(name, request.port, request.host, by_default)
+        _need_root("restore")
         with (
             _serving.taking(name, Path(request.workdir), request.artifact),  # records it too
             _watching(as_json) as subscriber,
