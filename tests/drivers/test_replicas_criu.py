@@ -14,7 +14,7 @@ from coldsnap.backends.procs import kill_tree, running
 
 from ._toy import answers, capture_request, live_engines, needs_criu, restore_request
 
-pytestmark = [needs_criu, pytest.mark.criu, pytest.mark.xdist_group("host")]
+pytestmark = [needs_criu, pytest.mark.criu, pytest.mark.xdist_group("toys")]
 
 
 @pytest.fixture(scope="module")
