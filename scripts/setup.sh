@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up: a venv under the repo with coldsnap and its pinned dependencies.
 # Re-running does nothing when the inputs (pyproject, constraints, requirements) are unchanged.
-# Usage: scripts/setup.sh [base|sglang|sglang-0517|criu|all]   (default: all)
+# Usage: scripts/setup.sh [base|sglang|sglang-0517|cpu-torchvision|criu|all]   (default: all)
 # sglang-0517: SGLang 0.5.17 as an overlay directory ($VENV/sglang-0.5.17) for the CPU tests of
 # the plugin across releases (coldsnap.testing.sglang_cpu, release="0.5.17").
 set -euo pipefail
@@ -36,6 +36,24 @@ setup_sglang() {
   fi
 }
 
+# PyPI's torchvision is built against CUDA torch; on the CPU torch pinned here `import
+# torchvision` dies on `operator torchvision::nms does not exist`, and with it a plain
+# `python -m sglang.launch_server` or `python -m sglang.bench_serving` in this venv (transformers
+# imports torchvision). No CPU torchvision wheel is on PyPI, so a .pth file in the venv arms
+# coldsnap's lazy declaration of those ops (engines/sglang/cpu/pythonpath/_coldsnap_cpu_support.py)
+# in every interpreter of the venv: it imports nothing until torchvision is imported, and
+# declares nothing on a GPU torch, whose torchvision brings its own ops. Rewritten on every run
+# (the venv or the checkout may have moved).
+setup_cpu_torchvision() {
+  local site support pth
+  site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  support="$(pwd)/coldsnap/engines/sglang/cpu/pythonpath/_coldsnap_cpu_support.py"
+  pth="$site/coldsnap-cpu-torchvision.pth"
+  local code="import importlib.util as u\\nn = '_coldsnap_cpu_support'\\nm = sys.modules.get(n)\\nif m is None:\\n    spec = u.spec_from_file_location(n, '$support')\\n    m = u.module_from_spec(spec)\\n    spec.loader.exec_module(m)\\n    sys.modules[n] = m\\nm.install()"
+  printf '%s\n' "import sys; exec(\"$code\", {'sys': sys})" > "$pth.tmp"
+  mv "$pth.tmp" "$pth"
+}
+
 setup_sglang_0517() {
   local dir="$VENV/sglang-0.5.17"
   local stamp; stamp=$(stamp_of requirements/sglang-0517-overlay.txt)
@@ -56,9 +74,11 @@ setup_criu() {
 
 case "$what" in
   base) setup_base ;;
-  sglang) setup_base; setup_sglang ;;
-  sglang-0517) setup_base; setup_sglang; setup_sglang_0517 ;;
+  sglang) setup_base; setup_sglang; setup_cpu_torchvision ;;
+  sglang-0517) setup_base; setup_sglang; setup_cpu_torchvision; setup_sglang_0517 ;;
+  cpu-torchvision) setup_cpu_torchvision ;;
   criu) setup_criu ;;
-  all) setup_base; setup_sglang; setup_sglang_0517; setup_criu ;;
-  *) echo "setup: unknown target '$what' (base, sglang, sglang-0517, criu, all)" >&2; exit 2 ;;
+  all) setup_base; setup_sglang; setup_cpu_torchvision; setup_sglang_0517; setup_criu ;;
+  *) echo "setup: unknown target '$what' (base, sglang, sglang-0517, cpu-torchvision, criu, all)" >&2
+     exit 2 ;;
 esac
