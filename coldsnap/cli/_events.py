@@ -1,6 +1,6 @@
 """`--json` on capture and restore: one JSON object per line per step event, for a program
 that follows an operation as it runs. Each line is an `EventLine` (`kind` coldsnap.event,
-`format` 1; its JSON Schema is docs/schema/event.schema.json); the last line is the
+`format` 2; its JSON Schema is docs/schema/event.schema.json); the last line is the
 `finished` event, which carries the receipt and the command's result (URL, PID, ...)."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from attrs import frozen
 
 from coldsnap.machine import Receipt, StepEvent
 
-EVENT_FORMAT = 1
+EVENT_FORMAT = 2
+"""2: `detail` is an object (format 1 had a text, "k=v, ..." for a step's facts)."""
 EVENTS = {
     "started": "step_started",
     "done": "step_ended",
@@ -45,7 +46,10 @@ class EventLine:
     status: str = ""
     """For step_ended: done or skipped; for finished: the outcome."""
     seconds: float = 0.0
-    detail: str = ""
+    detail: dict[str, Any] = attrs.field(factory=dict)
+    """For step_progress: the facts the step recorded, by name, or {"message": text} for what a
+    step shows as it runs; for step_failed and compensation_failed: {"message": the error};
+    else empty."""
     at: float = 0.0
     """Unix time the command saw the event."""
     result: dict[str, Any] | None = None
@@ -64,8 +68,12 @@ def line_of(event: StepEvent) -> EventLine | None:
     if name is None:
         return None
     status = event.phase if name == "step_ended" else ""
+    if event.facts is not None:
+        detail: dict[str, Any] = dict(event.facts)
+    else:
+        detail = {"message": event.detail} if event.detail else {}
     return EventLine(event=name, operation=event.operation, spec=event.spec, step=event.step,
-                     status=status, seconds=round(event.seconds, 6), detail=event.detail,
+                     status=status, seconds=round(event.seconds, 6), detail=detail,
                      at=time.time())  # fmt: skip
 
 

@@ -96,3 +96,6 @@ class StepEvent:
     phase: str
     seconds: float = 0.0
     detail: str = ""
+    facts: dict[str, Any] | None = None
+    """For a step's recorded progress: the facts it recorded, by name (`detail` shows them as
+    text); None for every other event."""

@@ -461,7 +461,7 @@ class Run:
                 raise
             # Subscribers see it too (from the step's worker thread): a long step shows life.
             shown = ", ".join(f"{k}={v}" for k, v in sorted(facts.items()))
-            self._emit(step.name, "progress", detail=shown)
+            self._emit(step.name, "progress", detail=shown, facts=dict(facts))
 
         return record
 
@@ -496,7 +496,14 @@ class Run:
             raise error
         return box.get("result"), error
 
-    def _emit(self, step: str, phase: str, seconds: float = 0.0, detail: str = "") -> None:
+    def _emit(
+        self,
+        step: str,
+        phase: str,
+        seconds: float = 0.0,
+        detail: str = "",
+        facts: dict[str, Any] | None = None,
+    ) -> None:
         event = StepEvent(
             operation=self.spec.operation,
             spec=self.spec.name,
@@ -504,6 +511,7 @@ class Run:
             phase=phase,
             seconds=seconds,
             detail=detail,
+            facts=facts,
         )
         for subscriber in self.subscribers:
             try:
