@@ -38,6 +38,7 @@ from ._cmdline import engine_adapter, notice, parse_launch
 from ._errors import finish, reported, say
 from ._events import print_json_event
 from ._progress import ENDED, LiveSteps, step_line
+from ._quiet import libraries_to_log
 from ._recipes import load_recipe
 from ._restore_flags import check_honoured, set_over
 from ._signals import interrupts
@@ -249,6 +250,7 @@ def capture(
             raise RequestError([("kind", "`coldsnap capture` takes a capture request")])
         _need_root("capture")
         with (
+            libraries_to_log(request.workdir),
             _watching(as_json) as subscriber,
             interrupts(request.workdir, events=as_json) as cancel,
         ):
@@ -421,6 +423,7 @@ def restore(
         _need_root("restore")
         with (
             _serving.taking(name, Path(request.workdir), request.artifact),  # records it too
+            libraries_to_log(request.workdir),
             _watching(as_json) as subscriber,
             interrupts(request.workdir, events=as_json) as cancel,
         ):
