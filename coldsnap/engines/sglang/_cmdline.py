@@ -58,7 +58,12 @@ ONE = {
 """Flags coldsnap honours only at their default of 1, with why."""
 REFUSED = {
     "--config": "coldsnap must see every flag (model, host, port): pass them on the command line",
-    "--api-key": "coldsnap's own requests to the engine (health, release, acceptance) carry no key",
+    "--api-key": (
+        "the key would be captured with the server (its command line, server arguments and "
+        "HTTP middleware are process memory the snapshot holds), and coldsnap's own requests "
+        "to the engine carry no key: capture without it and check keys in front of the engine "
+        "(docs/cli.md, API keys)"
+    ),
     "--ssl-keyfile": "coldsnap speaks plain HTTP to the engine",
     "--ssl-certfile": "coldsnap speaks plain HTTP to the engine",
     "--skip-tokenizer-init": "the acceptance request sends text, which needs the tokenizer",
