@@ -502,6 +502,21 @@ def _check_free(name: str, port: int | None, host: str | None, by_default: bool)
             raise RequestError([("port", f"{exc}{why}")]) from None
 
 
+def _model_dir_needed(request: RestoreRequest) -> str | None:
+    """Why this restore reads the model's directory, by its components' capabilities (None when
+    it does not): a provider that reloads the checkpoint, or a driver that builds the engine at
+    restore (the engine reads the model's config and tokenizer from it) rather than resuming
+    the captured process. An unregistered component is the request check's to name."""
+    if request.driver not in REGISTRY.names("driver"):
+        return None
+    if request.provider in REGISTRY.names("provider") and REGISTRY.restore_needs_model(request):
+        return f"provider {request.provider} reloads the weights from its checkpoint"
+    if "resumes_process" not in REGISTRY.capabilities("driver", request.driver):
+        return (f"driver {request.driver} builds the engine at restore, which reads the model's "
+                "config and tokenizer there")  # fmt: skip
+    return None
+
+
 def _check_tagged(store: Store, target: str) -> None:
     """Refuses a NAME no tag of the store names, listing the tags (a digest is the store's to
     resolve)."""
@@ -566,10 +581,10 @@ def _restore_request(
                        if path else None)  # fmt: skip
     if record.revision == LOCAL_REVISION:  # no hub id: the Hugging Face cache cannot hold it
         fallback = request(None)
-        if REGISTRY.restore_needs_model(fallback):
+        if (why := _model_dir_needed(fallback)) is not None:
             raise RequestError([("--model-path", f"capsule {target} was captured from a local "
                                  f"directory (model {record.model_id!r}), which a capsule does "
-                                 "not name: give that checkpoint's directory")])  # fmt: skip
+                                 f"not name, and {why}: give that directory")])  # fmt: skip
         return fallback
     # The capsule's model from the Hugging Face cache where it is there. Whether this restore
     # needs the checkpoint is for the check of its components, which names `model` when it is

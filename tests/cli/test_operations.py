@@ -136,8 +136,8 @@ def test_a_restore_that_needs_the_model_says_why_the_cache_has_none(tmp_path, mo
 def test_restore_flags_after_the_name_replace_the_capture_s(tmp_path) -> None:
     store = Store(tmp_path / "store")
     _publish(store, "tiny", driver="n580", args=("--log-level", "info", "--dtype", "bfloat16"))
-    result = cli("restore", "tiny", "--store", str(store.root), "--print-request", "--",
-                 "--log-level", "debug")  # fmt: skip
+    result = cli("restore", "tiny", "--store", str(store.root), "--print-request",
+                 "--model-path", str(tmp_path), "--", "--log-level", "debug")  # fmt: skip
     assert json.loads(result.stdout)["engine_args"] == ["--dtype", "bfloat16", "--log-level",
                                                         "debug"]  # fmt: skip
 

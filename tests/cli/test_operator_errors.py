@@ -83,14 +83,21 @@ def test_an_engine_flag_a_resumed_process_cannot_take_is_refused_up_front(store:
     assert "field '--log-level': captured --log-level info, asked --log-level debug" in out
 
 
+def test_an_engine_built_at_restore_asks_for_a_local_model_s_directory(store: Path) -> None:
+    out = _field(cli("restore", "tiny580", "--store", str(store), "--print-request"))
+    assert "field '--model-path': capsule tiny580 was captured from a local directory" in out
+    assert "driver n580 builds the engine at restore" in out and "hf download" not in out
+
+
 def test_an_engine_built_at_restore_takes_the_flags_it_may_change(store: Path) -> None:
-    result = cli("restore", "tiny580", "--store", str(store), "--print-request", "--",
+    model = ("--model-path", str(store.parent))
+    result = cli("restore", "tiny580", "--store", str(store), "--print-request", *model, "--",
                  "--log-level", "debug")  # fmt: skip
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["engine_args"] == ["--dtype", "float32", "--log-level",
                                                         "debug"]  # fmt: skip
-    out = _field(cli("restore", "tiny580", "--store", str(store), "--print-request", "--",
-                     "--max-running-requests", "4"))  # fmt: skip
+    out = _field(cli("restore", "tiny580", "--store", str(store), "--print-request", *model,
+                     "--", "--max-running-requests", "4"))  # fmt: skip
     assert "field '--max-running-requests'" in out and "the capsule binds the flags" in out
 
 
