@@ -13,6 +13,7 @@ would be refused by admission after the workdir and journal exist (IncompatibleA
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,14 +21,16 @@ from coldsnap.engines._args import differences
 from coldsnap.machine import REGISTRY, RequestError
 
 _RESUMES = "resumes_process"
+_NUMBER = re.compile(r"^-\d")
 
 
 def _groups(args: Sequence[str]) -> list[tuple[str, list[str]]]:
-    """(flag, its tokens) in order, as the engine's parser groups them: a flag with the values
-    that follow it up to the next flag ('' for leading positional values)."""
+    """(flag, its tokens) in order, grouped as engine arguments are compared (engines._args): a
+    flag with the values that follow it up to the next flag ('' for leading positional
+    values; a negative number is a value)."""
     out: list[tuple[str, list[str]]] = []
     for arg in args:
-        if arg.startswith("--"):
+        if arg.startswith("-") and arg != "-" and not _NUMBER.match(arg):
             out.append((arg.partition("=")[0], [arg]))
         elif out:
             out[-1][1].append(arg)
@@ -37,8 +40,8 @@ def _groups(args: Sequence[str]) -> list[tuple[str, list[str]]]:
 
 
 def set_over(captured: Sequence[str], given: Sequence[str]) -> tuple[str, ...]:
-    """The capsule's engine flags with each flag in `given` replacing that flag's occurrences
-    (in place of the first one; the rest follow)."""
+    """The capsule's engine flags without those `given` names, then `given` as written: each
+    flag given replaces every occurrence of that flag in the capsule's."""
     named = {flag for flag, _ in _groups(given)}
     kept = [tokens for flag, tokens in _groups(captured) if flag not in named]
     return tuple(token for tokens in kept for token in tokens) + tuple(given)

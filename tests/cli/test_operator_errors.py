@@ -115,3 +115,13 @@ def test_a_mistyped_engine_flag_is_the_parser_s_one_line() -> None:
         "launch_server.py: error: unrecognized arguments: --max-runing-requests 4"
     )
     assert refused_line("Traceback (most recent call last):\nValueError: x\n") is None
+
+
+def test_flags_are_set_over_the_capsule_s_by_name() -> None:
+    from coldsnap.cli._restore_flags import set_over
+
+    captured = ["--dtype", "float32", "--a", "1", "--a", "2", "--x", "-1"]
+    assert set_over(captured, ["--a=3"]) == ("--dtype", "float32", "--x", "-1", "--a=3")
+    assert set_over(captured, ["--x", "-2"]) == ("--dtype", "float32", "--a", "1", "--a", "2",
+                                                 "--x", "-2")  # fmt: skip
+    assert set_over(captured, []) == tuple(captured)
