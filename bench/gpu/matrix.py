@@ -81,6 +81,18 @@ class ArchRun(sm.Run):
 
         return ModelRef(id=f"{self.entry}-random", revision="seed0", path=str(self.args.model))
 
+    def flush(self, url: str) -> None:
+        """SGLang refuses to flush its cache (HTTP 400) until its scheduler is idle: right after
+        a cold server's first answer, its own warmup request may still run (seen on CPU)."""
+        deadline = time.monotonic() + 30.0
+        while True:
+            try:
+                return super().flush(url)
+            except RuntimeError as exc:
+                if "HTTP 400" not in str(exc) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
+
     def save(self) -> None:
         path = self.out / "result.json"
         tmp = path.with_suffix(".tmp")
