@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from coldsnap._cuda import device_count, device_properties, nccl_version
 from coldsnap._torch import gpu_build
 
 from ._hashing import sha256_file
@@ -26,24 +27,42 @@ _NVIDIA_VERSION = Path("/proc/driver/nvidia/version")
 
 def collect_platform(device: int | None = None) -> Platform:
     """The CUDA runtime, driver major, compute capability, capacity class and NCCL version of
-    `device` (the current one when None); all None without CUDA. A CPU build of torch is
-    known without importing torch (1.5-2 s): a restore's admit on a CPU host does not."""
-    if gpu_build() is None:
+    `device` (device 0 when None); all None without CUDA. Read without importing torch
+    (coldsnap._cuda asks the driver and NCCL; torch's build is read from its version file): a
+    restore's admit takes milliseconds on a CPU host and on a GPU host alike."""
+    built = gpu_build()
+    if built is None:
         return Platform()  # no CUDA runtime, no NCCL binding in a CPU build
-    import torch
+    if not built.startswith("cuda "):
+        return _torch_platform(device)
+    cuda_runtime = built.removeprefix("cuda ")
+    if device_count() == 0:
+        return Platform(cuda_runtime=cuda_runtime, nccl_version=nccl_version())
+    capability, total = device_properties(0 if device is None else device)
+    return Platform(
+        cuda_runtime=cuda_runtime,
+        driver_major=_driver_major(),
+        compute_capability=capability,
+        capacity_gib=max(1, round(total / (1 << 30))),
+        nccl_version=nccl_version(),
+    )
 
-    cuda_runtime = torch.version.cuda
+
+def _torch_platform(device: int | None) -> Platform:
+    """A build for another accelerator (ROCm): torch itself is asked, the slow way."""
+    import torch
+    import torch.cuda.nccl as nccl
+
     if not torch.cuda.is_available():
-        return Platform(cuda_runtime=cuda_runtime, nccl_version=_nccl_version())
+        return Platform(nccl_version=".".join(map(str, nccl.version())))
     index = torch.cuda.current_device() if device is None else device
     major, minor = torch.cuda.get_device_capability(index)
     total = torch.cuda.get_device_properties(index).total_memory
     return Platform(
-        cuda_runtime=cuda_runtime,
         driver_major=_driver_major(),
         compute_capability=f"{major}.{minor}",
         capacity_gib=max(1, round(total / (1 << 30))),
-        nccl_version=_nccl_version(),
+        nccl_version=".".join(map(str, nccl.version())),
     )
 
 
@@ -58,18 +77,6 @@ def _driver_major() -> int | None:
         if "." in word and head.isdigit() and int(head) >= 100:
             return int(head)
     return None
-
-
-def _nccl_version() -> str | None:
-    try:
-        import torch.cuda.nccl as nccl
-
-        version = nccl.version()
-    except Exception:  # CPU builds have no NCCL binding at all
-        return None
-    if isinstance(version, tuple):
-        return ".".join(str(part) for part in version)
-    return str(version)
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from coldsnap._cuda import device_count
 from coldsnap._torch import gpu_build
 from coldsnap.machine import Registry
 
@@ -88,13 +89,10 @@ def build(request: Any) -> SGLangEngine:
 
 
 def cuda_host() -> bool:
-    """Whether SGLang serves on CUDA here: torch is a GPU build (read without importing torch)
-    and, asked only then, torch finds a device."""
-    if gpu_build() is None:
-        return False
-    import torch
-
-    return bool(torch.cuda.is_available())
+    """Whether SGLang serves on CUDA here: torch is a GPU build (read from its version file)
+    and, asked only then, the CUDA driver lists a device (coldsnap._cuda: neither asks torch,
+    whose import costs seconds on a GPU host)."""
+    return gpu_build() is not None and device_count() > 0
 
 
 def register(registry: Registry) -> None:
