@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import stat
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,6 +129,9 @@ class Journal:
         self.path = path
         self._seq = next_seq
         self._unwritten: list[bytes] = []
+        # A step's worker thread records facts while it runs; one abandoned at its timeout may
+        # still do so while the runner's thread journals the compensation.
+        self._lock = threading.Lock()
 
     @property
     def unwritten(self) -> int:
@@ -168,15 +172,21 @@ class Journal:
         """Writes the records not written yet, then this one, each one line, with one write(2),
         then fsyncs. Raises JournalUnwritable (the records kept for the next append) when
         the write or the fsync fails."""
-        record = JournalRecord(seq=self._seq, at=time.time(), event=event, **fields)
-        data = {k: v for k, v in _as_dict(record).items() if v is not None}
-        self._unwritten.append((json.dumps(data, sort_keys=True, default=str) + "\n").encode())
-        self._seq += 1
-        self.flush()
+        with self._lock:
+            record = JournalRecord(seq=self._seq, at=time.time(), event=event, **fields)
+            data = {k: v for k, v in _as_dict(record).items() if v is not None}
+            line = json.dumps(data, sort_keys=True, default=str) + "\n"
+            self._unwritten.append(line.encode())
+            self._seq += 1
+            self._flush()
         return record
 
     def flush(self) -> None:
         """Writes the records not written yet; JournalUnwritable if they still cannot be."""
+        with self._lock:
+            self._flush()
+
+    def _flush(self) -> None:
         if not self._unwritten:
             return
         lines = b"".join(self._unwritten)
