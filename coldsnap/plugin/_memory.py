@@ -198,6 +198,9 @@ class ColdsnapMemorySaverAdapter:
         self.live_backing = live_backing
         self.host = host
         self.cuda = _cuda_available()
+        # the regions whose pause began since the scheduler last cleared this: after a release
+        # that failed part way, what may have changed (and must be resumed) is these only
+        self.pauses_begun: set[str] = set()
 
     def _host_active(self) -> bool:
         """Whether pausing the weights returns their host pages (CPU, nothing kept in RAM)."""
@@ -230,6 +233,7 @@ class ColdsnapMemorySaverAdapter:
         return self.inner.disable()
 
     def pause(self, tag: str) -> Any:
+        self.pauses_begun.add(tag)
         if self.cuda and self.live_backing == "cpu" and tag == WEIGHTS and not self.inner.enabled:
             raise MemoryBackendError(
                 "COLDSNAP_LIVE_BACKING=cpu on CUDA keeps the weights through torch_memory_saver's "

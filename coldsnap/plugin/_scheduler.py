@@ -210,15 +210,21 @@ class SchedulerHooks:
             self._report(group, op, "release_failed", outcome="failed", error=_err(exc))
             return _output("ReleaseMemoryOccupationReqOutput")
         before = set(mgr.offload_tags)
+        for adapter in self.adapters:
+            adapter.pauses_begun.clear()
         try:
             result = original(mgr, recv_req, *args, **kwargs)
         except Exception as exc:
-            # SGLang's release stopped part way: it marks every asked tag released before it
-            # pauses any, so a resume of those tags (the orchestrator's compensation) brings
-            # the engine back. Raising here would end the scheduler instead; the failure is
-            # reported (the HTTP call fails naming it, and the health gate stays closed unless
-            # nothing was marked released: then the engine serves on as after a refusal).
+            # SGLang's release stopped part way. It marks every asked tag released before it
+            # pauses any; a region whose pause never began is unchanged, so its mark is taken
+            # back: a resume (the orchestrator's compensation) then resumes exactly what may
+            # have been released (SGLang's resume of weights it never stashed would fail).
+            # Raising here would end the scheduler instead; the failure is reported (the HTTP
+            # call fails naming it, and the health gate stays closed unless nothing is left
+            # released: then the engine serves on as after a refusal).
             logger.error("coldsnap: release failed: %s", traceback.format_exc())
+            begun = set().union(*(a.pauses_begun for a in self.adapters))
+            mgr.offload_tags.difference_update(set(mgr.offload_tags) - before - begun)
             self._report(
                 group,
                 op,

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import coldsnap.plugin._scheduler as sched
-from coldsnap.plugin import Settings, StatusFile, StorageRegistry
+from coldsnap.plugin import ColdsnapMemorySaverAdapter, Settings, StatusFile, StorageRegistry
 
 
 class Rotary(torch.nn.Module):
@@ -25,13 +25,28 @@ class Rotary(torch.nn.Module):
         self.register_buffer("cos_sin_cache", torch.rand(128, 16), persistent=False)
 
 
+class Saver:
+    """SGLang's memory saver adapter on CPU (a no-op), failing the pause of `fails`."""
+
+    enabled = False
+
+    def __init__(self, fails: str | None = None) -> None:
+        self.fails = fails
+
+    def pause(self, tag: str) -> None:
+        if tag == self.fails:
+            raise RuntimeError(f"pause({tag}) failed")
+
+
 class Updater:
     """SGLang's release/resume bookkeeping: every asked tag is marked released before any is
-    paused, and a resume removes each asked tag (KeyError for one never released)."""
+    paused (through the memory saver adapter), and a resume removes each asked tag (KeyError
+    for one never released)."""
 
-    def __init__(self, fail_release_at: str | None = None) -> None:
+    def __init__(self, adapter: Any = None, fail_release_at: str | None = None) -> None:
         self.tp_cpu_group = None
         self.offload_tags: set[str] = set()
+        self.memory_saver_adapter = adapter
         self.fail_release_at = fail_release_at
         self.resumed: list[list[str]] = []
 
@@ -40,8 +55,10 @@ class Updater:
             raise AssertionError("release_memory_occupation should be called only when idle")
         for tag in req.tags:
             self.offload_tags.add(tag)
-        if self.fail_release_at == "pause":
-            raise RuntimeError("pause(weights) failed")
+        if self.fail_release_at == "marked":
+            raise RuntimeError("failed between marking and pausing")
+        for tag in req.tags:
+            self.memory_saver_adapter.pause(tag)
         return "released"
 
     def resume(self, mgr: Updater, req: Any) -> str:
@@ -98,7 +115,8 @@ def test_a_release_registers_the_model_as_it_serves(
     model, registry = Rotary(), StorageRegistry()
     registry.register("target", model)
     model.cos_sin_cache = model.cos_sin_cache.to(torch.bfloat16)  # recast on first use
-    h, mgr = hooks(tmp_path, registry), Updater()
+    h = hooks(tmp_path, registry)
+    mgr = Updater(adapter(h))
     assert h.around_release(mgr.release, mgr, request("Release", ["kv_cache", "weights"])) == (
         "released"
     )
@@ -109,32 +127,47 @@ def test_a_release_registers_the_model_as_it_serves(
     registry.get("target").check_live()  # what a resume checks before it hydrates
 
 
-def test_a_release_that_fails_part_way_is_reported_and_leaves_a_resumable_engine(
+def adapter(h: sched.SchedulerHooks, fails: str | None = None) -> Any:
+    """The plugin's adapter around SGLang's, as the scheduler's create hook makes it."""
+    made = ColdsnapMemorySaverAdapter(Saver(fails), live_backing="cpu")
+    h.adapters.append(made)
+    return made
+
+
+def test_a_release_that_fails_part_way_keeps_only_what_it_began_to_release(
     tmp_path: Path, sglang_cpu: None, no_tp_group: None
 ) -> None:
+    """SGLang marked kv_cache and weights released, then the weights' pause failed: the
+    scheduler lives on, and only kv_cache (paused) and weights (whose pause began) stay
+    marked; a resume of both is the compensation."""
     registry = StorageRegistry()
     registry.register("target", Rotary())
-    h, mgr = hooks(tmp_path, registry), Updater(fail_release_at="pause")
-    out = h.around_release(mgr.release, mgr, request("Release", ["kv_cache", "weights"]))
+    h = hooks(tmp_path, registry)
+    mgr = Updater(adapter(h, fails="weights"))
+    tags = ["kv_cache", "weights", "cuda_graph"]
+    out = h.around_release(mgr.release, mgr, request("Release", tags))
     assert type(out).__name__ == "ReleaseMemoryOccupationReqOutput"  # the scheduler lives on
     record = h.status.record
     assert record["outcome"] == "failed" and "pause(weights) failed" in record["error"]
     assert record["events"][-1]["event"] == "release_failed_part_way"
-    assert record["released_tags"] == ["kv_cache", "weights"]
+    assert record["released_tags"] == ["kv_cache", "weights"]  # cuda_graph was never paused
+    assert mgr.offload_tags == {"kv_cache", "weights"}
 
 
-def test_a_release_that_fails_before_marking_anything_is_a_refusal(
-    tmp_path: Path, sglang_cpu: None, no_tp_group: None
+@pytest.mark.parametrize("where", ["before", "marked"])
+def test_a_release_that_fails_before_any_pause_is_a_refusal(
+    tmp_path: Path, sglang_cpu: None, no_tp_group: None, where: str
 ) -> None:
     registry = StorageRegistry()
     registry.register("target", Rotary())
-    h, mgr = hooks(tmp_path, registry), Updater(fail_release_at="before")
+    h = hooks(tmp_path, registry)
+    mgr = Updater(adapter(h), fail_release_at=where)
     h.around_release(mgr.release, mgr, request("Release", ["kv_cache", "weights"]))
     record = h.status.record
-    assert record["outcome"] == "failed" and "only when idle" in record["error"]
-    # the health gate opens again after such a refusal: the engine serves on
+    assert record["outcome"] == "failed"
+    # nothing is left marked, and the health gate opens again: the engine serves on
     assert record["events"][-1]["event"] == "release_failed"
-    assert record["released_tags"] == []
+    assert record["released_tags"] == [] and mgr.offload_tags == set()
 
 
 def test_the_unit_fakes_release_and_resume_like_sglang() -> None:
