@@ -68,16 +68,24 @@ def e2e_ready() -> None:
 
 
 @pytest.fixture(scope="session")
-def tiny_cold(e2e_ready: None, tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int, ...]]:
-    """What a plain SGLang (no plugin loaded) started from nothing answers to PROMPTS with the
-    tiny Llama of seed 0: the reference of every module that captures that model (one cold
-    start for the session: the model is the same bytes wherever it is built)."""
-    from coldsnap.cli._demo import start_plain_server, wait_first_answer
+def tiny_llama(e2e_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama of seed 0 that the end-to-end modules capture, built once for the session:
+    captures and restores read a model directory and never write it."""
     from coldsnap.tiny_models import build_model
 
+    root = tmp_path_factory.mktemp("tiny-llama")
+    return build_model(root / "tiny-llama", arch="llama", size="tiny", seed=0).path
+
+
+@pytest.fixture(scope="session")
+def tiny_cold(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int, ...]]:
+    """What a plain SGLang (no plugin loaded) started from nothing answers to PROMPTS with the
+    tiny Llama of seed 0: the reference of every module that captures that model (one cold
+    start for the session)."""
+    from coldsnap.cli._demo import start_plain_server, wait_first_answer
+
     root = tmp_path_factory.mktemp("tiny-cold")
-    model = build_model(root / "tiny-llama", arch="llama", size="tiny", seed=0).path
-    server = start_plain_server(model, root / "cold.log")
+    server = start_plain_server(tiny_llama, root / "cold.log")
     try:
         wait_first_answer(server)
         return answers(server.url)

@@ -95,22 +95,19 @@ def _port_free(port: int) -> bool:
 
 
 def test_capture_your_own_server_restore_it_on_your_port_then_stop_and_gc(
-    tiny_cold: list[tuple[int, ...]], tmp_path: Path
+    tiny_llama: Path, tiny_cold: list[tuple[int, ...]], tmp_path: Path
 ) -> None:
     """README's "Capture your own server": a plain launch command line with the user's --port,
     restored on another port given at restore; ls, status, stop, rm and gc. The cold answers
     are conftest's `tiny_cold` (the same model, seed 0)."""
-    from coldsnap.tiny_models import build_model
-
     from .conftest import answers
 
-    info = build_model(tmp_path / "model", arch="llama", size="tiny", seed=0)
     expected = tiny_cold
 
     marker, store = uuid.uuid4().hex, str(tmp_path / "store")
     serving = {"COLDSNAP_SERVING_DIR": str(tmp_path / "serving")}
     user_port, port = free_port(), free_port()
-    launch = ["python", "-m", "sglang.launch_server", "--model-path", str(info.path),
+    launch = ["python", "-m", "sglang.launch_server", "--model-path", str(tiny_llama),
               "--port", str(user_port)]  # fmt: skip
     printed = _cli("capture", "--print-request", "--name", "tiny", "--store", store, "--", *launch,
                    marker=marker)  # fmt: skip

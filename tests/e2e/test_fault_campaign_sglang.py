@@ -49,17 +49,20 @@ def sglang_zygote(e2e_ready: None, root: Path) -> Iterator[Zygote]:
     ],
 )
 def test_real_sglang_killed_and_resumed_ends_clean(
-    root: Path, sglang_zygote: Zygote, operation: str, step: str, outcome: str
+    root: Path,
+    sglang_zygote: Zygote,
+    tiny_llama: Path,
+    operation: str,
+    step: str,
+    outcome: str,
 ) -> None:
-    from coldsnap.tiny_models import build_model
-
     from .conftest import answers as sglang_answers
     from .conftest import capture_request as sglang_capture
     from .conftest import model_ref
     from .conftest import restore_request as sglang_restore
 
     base = root / "sglang"
-    model = model_ref(build_model(base / "tiny-llama", arch="llama", size="tiny", seed=0).path)
+    model = model_ref(tiny_llama)
     if operation == "capture":
         request = sglang_capture(base, model, "n610", PROVIDER, "real")
     else:
@@ -88,7 +91,7 @@ def test_real_sglang_killed_and_resumed_ends_clean(
 
 @pytest.mark.sglang
 def test_real_sglang_sleep_wake_and_stop_killed_and_resumed(
-    root: Path, sglang_zygote: Zygote
+    root: Path, sglang_zygote: Zygote, tiny_llama: Path
 ) -> None:
     """Each lifecycle operation is journaled like a restore: killed at a step, `resume` ends
     it. A sleep killed at its release rolls back (the engine serves again, answering as
@@ -98,7 +101,6 @@ def test_real_sglang_sleep_wake_and_stop_killed_and_resumed(
     from coldsnap.engines import EngineClient
     from coldsnap.engines.sglang import SGLANG_POLICY
     from coldsnap.machine import lifecycle_request
-    from coldsnap.tiny_models import build_model
 
     from .conftest import answers as sglang_answers
     from .conftest import model_ref
@@ -107,7 +109,7 @@ def test_real_sglang_sleep_wake_and_stop_killed_and_resumed(
     base = root / "sglang"
     if "real" not in Store(base / "store").tags():
         pytest.skip("the real capture case did not publish its capsule")
-    model = model_ref(build_model(base / "tiny-llama", arch="llama", size="tiny", seed=0).path)
+    model = model_ref(tiny_llama)
     request = sglang_restore(base, model, "n610", PROVIDER, "real", "res-lifecycle")
     assert sglang_zygote.request("restore", request).result()["outcome"] == "done"
     target = Path(request.workdir)

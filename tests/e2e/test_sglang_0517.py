@@ -100,16 +100,14 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def outcome(e2e_ready: None, root: Path) -> dict[str, Any]:
+def outcome(tiny_llama: Path, root: Path) -> dict[str, Any]:
     from coldsnap.testing.sglang_cpu import ReleaseNotInstalled, release_env
-    from coldsnap.tiny_models import build_model
 
     try:
         env = release_env(RELEASE)
     except ReleaseNotInstalled as exc:
         missing("sglang", str(exc))
-    model = build_model(root / "tiny-llama", arch="llama", size="tiny", seed=0).path
-    args = [str(model), str(root), RELEASE, json.dumps(PROMPTS), str(MAX_NEW_TOKENS)]
+    args = [str(tiny_llama), str(root), RELEASE, json.dumps(PROMPTS), str(MAX_NEW_TOKENS)]
     done = subprocess.run(
         [sys.executable, "-c", _CHILD, *args],
         env=env,

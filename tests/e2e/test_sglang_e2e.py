@@ -59,10 +59,8 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def tiny(e2e_ready: None, root: Path) -> Path:
-    from coldsnap.tiny_models import build_model
-
-    return build_model(root / "tiny-llama", arch="llama", size="tiny", seed=0).path
+def tiny(tiny_llama: Path) -> Path:
+    return tiny_llama  # conftest's: built once for the session
 
 
 @pytest.fixture(scope="module")

@@ -47,11 +47,9 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def tiny(e2e_ready: None, root: Path) -> Path:
-    from coldsnap.tiny_models import build_model
-
-    # 4 heads and 2 KV heads: each rank holds 2 heads and one KV head.
-    return build_model(root / "tiny-llama", arch="llama", size="tiny", seed=0).path
+def tiny(tiny_llama: Path) -> Path:
+    # conftest's tiny Llama: 4 heads and 2 KV heads, so each rank holds 2 heads and one KV head.
+    return tiny_llama
 
 
 @pytest.fixture(scope="module")
