@@ -62,7 +62,8 @@ ENTRIES: dict[str, tuple[str, str, bool | None]] = {
     "qwen3": ("qwen3", "small", None),
     "llama": ("llama", "small", None),
 }
-VARIANTS = ("n610-native", "n610-recovery", "n580-native")
+VARIANTS = ("n610-native", "n610-recovery", "n580-native", "cli")
+CLI = "cli"  # the operator's path: `coldsnap capture -- <launch command>`, `coldsnap restore`
 
 
 # -- one architecture -----------------------------------------------------------------------------
@@ -156,7 +157,7 @@ def run_one(args: argparse.Namespace) -> int:
             var["skipped"] = f"budget: {run.left():.0f} s left"
             continue
         try:
-            var["capture"] = run.capture(variant)
+            var["capture"] = cli_capture(run) if variant == CLI else run.capture(variant)
         except Exception:
             var["capture"] = {"error": traceback.format_exc()}
         run.log(variant, "capture", var["capture"].get("outcome"), var["capture"].get("error"))
@@ -169,14 +170,17 @@ def run_one(args: argparse.Namespace) -> int:
                 var["restores"].append({"skipped": f"budget: {run.left():.0f} s left"})
                 continue
             try:
-                r = run.restore(variant, i, cold)
+                if variant == CLI:  # timed from the command's spawn to the first answer
+                    r = run.cli_restore(CLI, i, cold)
+                else:
+                    r = run.restore(variant, i, cold)
             except Exception:
                 r = {"error": traceback.format_exc()}
             var["restores"].append(r)
             run.log(variant, f"restore{i}", r.get("outcome"), r.get("first_answer_s"),
                     r.get("equal"), r.get("error") or r.get("answer_error") or "")  # fmt: skip
             run.save()
-        for i in range(args.cli_restores):
+        for i in range(args.cli_restores if variant != CLI else 0):
             if run.left() < args.restore_s + 15:
                 var.setdefault("cli_restores", []).append({"skipped": "budget"})
                 continue
@@ -190,6 +194,37 @@ def run_one(args: argparse.Namespace) -> int:
     run.save()
     copy_logs(root, out / "logs")
     return 0
+
+
+def cli_argv(run: ArchRun, *extra: str) -> list[str]:
+    """`coldsnap capture` of the plain launch command an operator would type (SGLang's own
+    flags only: the command line adds coldsnap's), the capsule named "cli" in the run's store."""
+    cli = [sys.executable, "-m", "coldsnap.cli", "capture", *extra, "--name", CLI]
+    launch = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(run.args.model),
+              *sm.ENGINE_ARGS]  # fmt: skip
+    return [*cli, "--store", str(run.root / "store"), "--", *launch]
+
+
+def cli_capture(run: ArchRun) -> dict[str, Any]:
+    """The capture through the command line; its summary line (outcome, error) is the record."""
+    argv = cli_argv(run)
+    (run.root / CLI).mkdir(parents=True, exist_ok=True)  # the CLI restores' workdirs go here
+    t0 = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, check=False,
+                          timeout=max(run.left() - 10, 30))  # fmt: skip
+    rec: dict[str, Any] = {"argv": argv, "rc": done.returncode,
+                           "wall_s": round(time.perf_counter() - t0, 3)}  # fmt: skip
+    try:
+        summary = json.loads(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        summary = {}
+    if not isinstance(summary, dict) or "outcome" not in summary:
+        summary = {"outcome": f"exit {done.returncode}", "error": done.stderr[-3000:]}
+    rec.update(outcome=summary["outcome"], error=summary.get("error"),
+               workdir=summary.get("workdir"), receipt_s=summary.get("seconds"))  # fmt: skip
+    if done.returncode != 0:
+        rec["stderr"] = done.stderr[-3000:]
+    return rec
 
 
 def copy_logs(root: Path, dest: Path, tail: int = 300_000) -> None:
@@ -319,6 +354,13 @@ class Matrix:
             run = ArchRun(run_args, entry)
             rec: dict[str, Any] = {"model": model, "variants": {}}
             for variant in self.args.variants:
+                if variant == CLI:  # the command line prints the request it would run
+                    argv = cli_argv(run, "--print-request")
+                    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+                    if done.returncode != 0:
+                        raise RuntimeError(f"{shlex.join(argv)}: {done.stderr[-2000:]}")
+                    rec["variants"][variant] = {"argv": argv, "request": json.loads(done.stdout)}
+                    continue
                 capture = run.capture_request(variant)
                 restore = run.restore_request(variant, 0)
                 machine = Machine.for_request(capture)
