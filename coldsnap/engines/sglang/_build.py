@@ -55,7 +55,7 @@ def recorded_sglang(recorded: InstalledBuild) -> InstalledBuild:
     changed field or file (`engine.sources[<file>]`, found `missing` where it is gone)."""
     if not recorded.sources:
         raise IncompatibleArtifact(
-            [Difference("engine.sources", None, "{}")],
+            [Difference("engine.sources", "the files the build was read from", "none")],
             "the recorded SGLang build names no source files to check the install against",
         )
     wrong: list[Difference] = []
@@ -72,9 +72,9 @@ def recorded_sglang(recorded: InstalledBuild) -> InstalledBuild:
     if wrong:
         raise IncompatibleArtifact(
             wrong,
-            "the SGLang installed here is not the build the capsule was captured with "
-            "(expected: the capture's, found: this host's); a new capture is needed:\n  "
-            + "\n  ".join(str(d) for d in wrong),
+            "the SGLang installed here (with coldsnap's plugin and CPU stand-ins) is not the "
+            "build the capsule was captured with (expected: the capture's, found: this host's); "
+            "a new capture is needed:\n  " + "\n  ".join(str(d) for d in wrong),
         )
     return recorded
 
