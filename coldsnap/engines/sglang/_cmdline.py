@@ -244,17 +244,22 @@ def check_engine_args(args: Sequence[str]) -> list[tuple[str, str]]:
     return problems
 
 
-_PARSER_ERROR = re.compile(r"^\S+: error: .+$", re.MULTILINE)
-"""argparse's last line when it refuses a command line (`launch_server.py: error: ...`), printed
-after the whole usage text (about 50 lines for SGLang's flags)."""
+_PARSER_ERROR = re.compile(r"^[^\n]*?: error: [^\n]+$", re.MULTILINE)
+"""argparse's last line when it refuses a command line (`sglang serve: error: ...`,
+`launch_server.py: error: ...`), printed after the whole usage text (hundreds of lines for
+SGLang's flags)."""
+_USAGE = re.compile(r"^\s*\[--|^usage: ", re.MULTILINE)
 
 
 def refused_line(log: str) -> str | None:
     """The line in which SGLang's parser refused its command line (a mistyped or unknown flag,
-    a bad value), found in the engine's log `log`; None when the log holds none. The usage text
-    before it names every flag SGLang has and says nothing about the one that is wrong."""
+    a bad value), found in the engine's log `log` (its tail: the usage text's first line may be
+    cut off, its flag lines are not); None when the log shows no refused command line. The
+    usage text before it names every flag SGLang has and nothing about the one that is wrong."""
     found = _PARSER_ERROR.findall(log)
-    return found[-1].strip() if found else None
+    if not found or _USAGE.search(log) is None:
+        return None
+    return found[-1].strip()
 
 
 class SGLangCommandLine:
