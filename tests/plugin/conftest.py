@@ -64,6 +64,31 @@ def plugin_env(runtime_dir: Path, **extra: str) -> dict[str, str]:
     }
 
 
+TEST_PLUGIN = Path(__file__).resolve().parent / "sglang_test_plugin"
+PAUSE_FAULT_VAR = "TEST_PLUGIN_PAUSE_FAULT"  # tests/plugin/sglang_test_plugin's
+
+
+def with_test_plugin(env: dict[str, str], release: str, pause_fault: Path) -> dict[str, str]:
+    """`env` (a `plugin_env`) with the test plugin of TEST_PLUGIN loaded beside coldsnap's: the
+    server's rotary cache is kept in float32 as on CUDA (SGLANG_ROPE_CACHE_FP32; on CPU SGLang
+    casts it to the model's dtype when it makes it) and recast at its first use, after the
+    model was registered (as SGLang's CUDA fallback does), and a file at `pause_fault` naming a
+    memory region makes the next release fail when it pauses that region."""
+    import os
+
+    from coldsnap.testing.sglang_cpu import release_env
+
+    path = release_env(release)["PYTHONPATH"] + os.pathsep + str(TEST_PLUGIN)
+    plugins = f"{env['SGLANG_PLUGINS']},coldsnap_test_plugin"
+    return {
+        **env,
+        "SGLANG_PLUGINS": plugins,
+        "PYTHONPATH": path,
+        "SGLANG_ROPE_CACHE_FP32": "1",
+        PAUSE_FAULT_VAR: str(pause_fault),
+    }
+
+
 def read_status(runtime_dir: Path, process: str) -> dict[str, Any]:
     import json
 

@@ -1,9 +1,17 @@
 """A real SGLang server (tiny Qwen3, tied embeddings; tiny Llama on 0.5.17) with the plugin:
 hooks land in the main and scheduler processes, storages are registered, release/resume with
 native hydration and with recovery give the cold server's tokens and bit-exact weights, failures
-fail closed. Every test runs against SGLang 0.5.23 (the venv's) and 0.5.17 (the overlay of
-scripts/setup.sh sglang-0517), one server at a time: the plugin hooks each release's contract
-variants."""
+fail closed, and a release that fails part way followed by the orchestrator's compensation
+(run twice, as a resumed operation would) leaves the server answering as before. Every test
+runs against SGLang 0.5.23 (the venv's) and 0.5.17 (the overlay of scripts/setup.sh
+sglang-0517), one server at a time: the plugin hooks each release's contract variants.
+
+The servers recast their rotary cache at its first use, after the model was registered
+(tests/plugin/sglang_test_plugin, what SGLang does on AMX CPUs and in its CUDA fallback):
+every release here registers the model as it serves and frees, exports and refills that. The
+module's server is released once as a capture's release is (the only one that exports: a
+process refilled from a payload exports no second copy); every test refills from that payload.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +28,14 @@ from coldsnap.engines import EngineClient, EngineError
 from coldsnap.engines.sglang import SGLANG_POLICY
 from tests._support import missing
 
-from .conftest import generate_all, plugin_env, read_status, scheduler_process, stop_now
+from .conftest import (
+    generate_all,
+    plugin_env,
+    read_status,
+    scheduler_process,
+    stop_now,
+    with_test_plugin,
+)
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.xdist_group("host")]
 RELEASES = ("0.5.23", "0.5.17")
@@ -37,6 +52,8 @@ class Served:
     checksum: dict[str, Any]
     acceptance: tuple[int, ...]
     release: str
+    payload: str  # the export of the capture-like first release
+    pause_fault: Path  # the test plugin's fault file
 
 
 @pytest.fixture(scope="module", params=RELEASES)
@@ -66,22 +83,30 @@ def served(
         COLDSNAP_SHAPE_CALIBRATION="record",
         COLDSNAP_ASYNC_CUDA_GRAPHS="1",
     )
+    env = with_test_plugin(env, release, base / "pause-fault")
     server = start_server(model.path, log_path=base / "server.log", env=env, release=release)
     client = EngineClient(server.url, SGLANG_POLICY)
     try:
         cold = generate_all(client)
-        served = Served(
+        checksum = weights_fingerprint(client, server.url, release)
+        acceptance = client.acceptance_tokens()
+        client.release()
+        payload = str(read_status(base / "run", "scheduler-tp0")["export"]["root"])
+        write_plan(base / "run", ResumePlan(source="payload", payload_dir=payload))
+        client.resume()
+        yield Served(
             server,
             client,
             base / "run",
             base / "art",
             model,
             cold,
-            weights_fingerprint(client, server.url, release),
-            client.acceptance_tokens(),
+            checksum,
+            acceptance,
             release,
+            payload,
+            base / "pause-fault",
         )
-        yield served
     finally:
         client.close()
         stop_now(server)
@@ -119,7 +144,7 @@ def weights_fingerprint(client: EngineClient, url: str, release: str) -> dict[st
 
 
 def release_exported(s: Served) -> str:
-    """Releases everything; returns the export root the scheduler reported."""
+    """Releases everything; returns the payload of the module's first release to refill from."""
     s.client.release()
     assert s.client.health() is False
     if s.release != "0.5.17":  # 0.5.17 has no /ready
@@ -130,7 +155,8 @@ def release_exported(s: Served) -> str:
         "kv_cache",
         "weights",
     ]
-    return str(status["export"]["root"])
+    assert status["export"] is None  # refilled from a payload: no second copy
+    return s.payload
 
 
 def assert_like_cold(s: Served) -> None:
@@ -262,6 +288,51 @@ def test_damaged_payload_is_refused_before_memory_changes(served: Served, tmp_pa
     assert_like_cold(served)
 
 
+def test_a_release_frees_and_refills_the_model_as_it_serves(served: Served) -> None:
+    """The rotary cache was recast after registration: the module's first release registered
+    the model again, naming the cache, instead of refusing; a release and a refill from that
+    payload answer as before."""
+    events = read_status(served.runtime, "scheduler-tp0")["events"]
+    moved = [m for e in events if e["event"] == "reregistered"
+             for m in e["registered"]["target"]["moved"]]  # fmt: skip
+    assert any(m.startswith("'model.layers.0.self_attn.rotary_emb.cos_sin_cache' dtype float32 "
+                            "-> bfloat16") for m in moved), moved  # fmt: skip
+    write_plan(served.runtime, ResumePlan(source="payload", payload_dir=release_exported(served)))
+    served.client.resume()
+    assert_like_cold(served)
+
+
+def test_a_release_failed_part_way_then_compensated_twice_leaves_the_server_answering(
+    served: Served,
+) -> None:
+    """The release fails after SGLang marked every region released, at the KV cache's pause
+    (the test plugin's fault): the scheduler lives on and says so, with only the KV cache left
+    marked (the weights' pause never began). The capture's compensation (resume the weights and
+    the KV cache from the checkpoint) brings the engine back; run again, as an interrupted
+    operation's resume does, it resumes nothing that is not released."""
+    from coldsnap._wire import CUDA_GRAPH, KV_CACHE, WEIGHTS
+
+    served.pause_fault.write_text(KV_CACHE)
+    with pytest.raises(EngineError, match="release"):
+        served.client.release([KV_CACHE, WEIGHTS])
+    assert not served.pause_fault.exists()  # the fault fired
+    status = read_status(served.runtime, "scheduler-tp0")
+    assert status["outcome"] == "failed" and "pause(kv_cache) failed" in status["error"]
+    assert "release_failed_part_way" in [e["event"] for e in status["events"]]
+    assert status["released_tags"] == [KV_CACHE]
+    plan = ResumePlan(source="checkpoint", checkpoint=str(served.model.path))
+    for attempt in range(2):
+        write_plan(served.runtime, plan)
+        served.client.resume([WEIGHTS, KV_CACHE])
+        status = read_status(served.runtime, "scheduler-tp0")
+        assert (status["outcome"], status["released_tags"]) == ("ok", []), attempt
+        assert_like_cold(served)
+    resumes = [e["event"] for e in status["events"] if e["event"].startswith("resume")]
+    assert resumes[-1] == "resume_nothing_released", resumes
+    served.client.resume([CUDA_GRAPH])  # nothing was released: answered, not refused
+    assert_like_cold(served)
+
+
 def test_restore_mode_startup_hydrates_a_dummy_loaded_engine(
     served: Served, tmp_path: Path
 ) -> None:
@@ -278,6 +349,7 @@ def test_restore_mode_startup_hydrates_a_dummy_loaded_engine(
         COLDSNAP_SGLANG_STARTUP_SOURCE="payload",
         COLDSNAP_ARTIFACT_DIR=root,
     )
+    env = with_test_plugin(env, served.release, tmp_path / "pause-fault")  # computes alike
     with (
         start_server(
             served.model.path,
