@@ -41,9 +41,13 @@ def spawn() -> Iterator[Any]:
     started: list[subprocess.Popen[bytes]] = []
 
     def start(env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", *args],
+        """A process that has said it runs: Popen returns once the exec began, before the
+        kernel has set up the new environment that the drivers read."""
+        code = "import time; print('ready', flush=True); time.sleep(600)"
+        proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
                                 env={**os.environ, **env})  # fmt: skip
         started.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         return proc
 
     yield start
@@ -51,6 +55,8 @@ def spawn() -> Iterator[Any]:
         if proc.poll() is None:
             proc.kill()
         proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def _crashed(spawn: Any, env: dict[str, str], *args: str) -> str:

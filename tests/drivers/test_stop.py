@@ -42,8 +42,14 @@ def host_dir() -> Any:
 
 
 def _sleeper(env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", *args],
+    """A process that has said it runs: Popen returns once the exec began, before the kernel
+    has set up the new environment and command line that stop_engine reads."""
+    code = "import time; print('ready', flush=True); time.sleep(600)"
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
                             env={**os.environ, **env})  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    proc.stdout.close()  # it writes nothing more
+    return proc
 
 
 def _ctx(tmp_path: Path, driver: str, **facts: Any) -> Any:
