@@ -193,21 +193,25 @@ def discard_unused(path: str | None, belongs: Belongs) -> None:
         discard_host_dir(path)
 
 
-def make_host_dir(path: str | None) -> bool:
-    """Makes an engine's runtime dir (mode 0700) where it is strictly below HOST_ROOT and does
-    not exist yet; whether it made it. The path comes from a capsule's facts, so nothing is
-    made anywhere else; one that exists belongs to whoever made it (another replica)."""
+def host_dir_to_make(path: str | None) -> bool:
+    """Whether an engine's runtime dir is one to make: strictly below HOST_ROOT (the path comes
+    from a capsule's facts, so nothing is made anywhere else) and not there yet (one that is
+    belongs to whoever made it: another replica). Asked, and its answer journaled, before
+    `make_host_dir`, so that an orchestrator killed in between leaves no dir unaccounted."""
     if not path:
         return False
     target = Path(path)
     if not target.is_absolute() or ".." in target.parts or HOST_ROOT not in target.parents:
         return False
+    return not os.path.lexists(target)
+
+
+def make_host_dir(path: str) -> None:
+    """Makes an engine's runtime dir (mode 0700) that `host_dir_to_make` said to make; a retry
+    finds it made."""
+    target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    try:
-        target.mkdir(mode=0o700)
-    except FileExistsError:
-        return False
-    return True
+    target.mkdir(mode=0o700, exist_ok=True)
 
 
 def discard_host_dir(path: str | None) -> None:

@@ -27,6 +27,7 @@ from .._processes import (
     engine_stamp,
     env_is,
     find_roots,
+    host_dir_to_make,
     make_host_dir,
     operation_dir,
     restored_root,
@@ -206,9 +207,11 @@ class N610Driver:
         )  # fmt: skip
         runtime_dir = capsule.get("runtime_dir")
         if "runtime_dir_made" not in ctx.facts:  # a retried restore keeps its first answer
-            # Journaled before the restore: its compensation removes the dir only if this
+            # Journaled before the dir is made: the compensation removes it only if this
             # restore made it (a replica of the same capsule that serves already has it).
-            ctx.record(runtime_dir=runtime_dir, runtime_dir_made=make_host_dir(runtime_dir))
+            ctx.record(runtime_dir=runtime_dir, runtime_dir_made=host_dir_to_make(runtime_dir))
+        if ctx.facts["runtime_dir_made"]:
+            make_host_dir(runtime_dir)
         tree = self.criu.restore(
             images,
             work_dir=ctx.workdir / "criu-restore",
