@@ -81,3 +81,25 @@ def test_a_child_forked_from_the_forkserver_has_the_templates_preload_mapped(tmp
                    cwd=tmp_path, timeout=120)  # fmt: skip
     got = json.loads(out.read_text())
     assert got == {"mapped": True, "env": LIB}
+
+
+def test_the_hook_of_a_cuda_build_is_found_without_importing_the_memory_saver() -> None:
+    """Its package imports torch (3.4 s of a fresh `coldsnap restore` on the H200, which builds
+    the engine's launcher for every request): the hook is looked up as the memory saver does."""
+    pytest.importorskip("torch_memory_saver")
+    code = textwrap.dedent(
+        """
+        import json, sys
+        from coldsnap.engines.sglang import _launcher
+        _launcher.gpu_build = lambda: "cuda 13.0"
+        hook = _launcher.memory_saver_preload()["LD_PRELOAD"].split(":")[0]
+        print(json.dumps([hook, "torch_memory_saver" in sys.modules, "torch" in sys.modules]))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    hook, saver_imported, torch_imported = json.loads(done.stdout)
+    from torch_memory_saver.utils import get_binary_path_from_package
+
+    assert Path(hook).name == f"{MEMORY_SAVER_HOOK}_cu13.abi3.so"
+    assert Path(hook).parent == get_binary_path_from_package(MEMORY_SAVER_HOOK).parent
+    assert (saver_imported, torch_imported) == (False, False)

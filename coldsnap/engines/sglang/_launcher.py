@@ -8,6 +8,7 @@ on another host recreates the same path and writes the resume plan there.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import socket
@@ -20,6 +21,7 @@ from typing import Any
 import attrs
 
 from coldsnap._paths import ENGINES_ROOT
+from coldsnap._torch import gpu_build
 from coldsnap._wire import EngineSettings
 from coldsnap.machine import LaunchCommand, WeightSource, WeightSourceError
 
@@ -47,11 +49,29 @@ def memory_saver_preload() -> dict[str, str]:
     from an n580 template's forkserver is never exec'd, so the hook must already be loaded in
     the forkserver, which inherits the template's environment (measured on the H200: without
     it a release freed nothing)."""
-    from torch_memory_saver.utils import get_binary_path_from_package
-
-    hook = str(get_binary_path_from_package(MEMORY_SAVER_HOOK))
+    hook = _memory_saver_hook()
     current = [p for p in os.environ.get(PRELOAD_VARIABLE, "").split(":") if p and p != hook]
     return {PRELOAD_VARIABLE: ":".join([hook, *current])}
+
+
+def _memory_saver_hook() -> str:
+    """The memory saver's preload hook built for this torch's CUDA major, looked up as the
+    memory saver looks it up (`<hook>_cu<major>.*.so` in its package folder, else the folder
+    above) without importing its package: that imports torch, 3.4 s of a fresh `coldsnap
+    restore` on the H200 (measured), which builds this environment for every request. Any other
+    case (no single match, another accelerator) asks the memory saver itself, the slow way."""
+    built = gpu_build()
+    spec = importlib.util.find_spec("torch_memory_saver")
+    if built and built.startswith("cuda ") and spec and spec.submodule_search_locations:
+        major = built.split()[1].split(".")[0]
+        folder = Path(next(iter(spec.submodule_search_locations)))
+        pattern = f"{MEMORY_SAVER_HOOK}_cu{major}.*.so"
+        found = sorted(folder.glob(pattern)) or sorted(folder.parent.glob(pattern))
+        if len(found) == 1:
+            return str(found[0])
+    from torch_memory_saver.utils import get_binary_path_from_package
+
+    return str(get_binary_path_from_package(MEMORY_SAVER_HOOK))
 
 
 class TopologyArgsError(EngineArgsError):
