@@ -3,8 +3,9 @@
 not the product).
 
     python3 -P bench/gpu/matrix.py --out OUT [--archs llama-tied,qwen2,...]
-        [--variants n610-native,n610-recovery,n580-native] [--restores 2] [--cli-restores 0]
-        [--jobs 4] [--budget 540] [--arch-s 170] [--mem-frac 0.05] [--root DIR] [--dry]
+        [--variants n610-native,n610-recovery,n580-native,cli] [--restores 2] [--cli-restores 0]
+        [--jobs 4] [--budget 540] [--arch-s 170] [--mem-frac 0.05] [--engine-args "..."]
+        [--root DIR] [--dry]
 
 Per architecture (ENTRIES, in order of importance), in a process of its own (bench/gpu/
 sglang_machine.py's `Run`, imported, does each part): the model is built on the device
@@ -13,8 +14,10 @@ plugin and the memory saver) is timed to its first answer, asked every prompt wi
 cache flushed before each, and stopped; then per variant a capture through
 `Machine.for_request(CaptureRequest(...))` and `--restores` restores, each timed from the call
 to its first answer and compared with the cold answers on every prompt; `--cli-restores N` adds
-N restores by `coldsnap restore` in a new process. A capture that is refused keeps its receipt's
-error: the reason.
+N restores by `coldsnap restore` in a new process. The variant `cli` is the operator's path
+instead: `coldsnap capture -- python3 -m sglang.launch_server ...` (n610 native, the command
+line's defaults), then `--restores` restores by `coldsnap restore`, each timed from the spawn to
+the first answer. A capture that is refused keeps its receipt's error: the reason.
 
 Up to `--jobs` architectures run side by side (their servers share the GPU at `--mem-frac`
 each); an architecture starts only while `--arch-s` seconds are left, and whatever still runs
@@ -24,7 +27,8 @@ by side include the other architectures' load: `--jobs 1` for timings.
 OUT/matrix.json is rewritten whenever an architecture ends; OUT/matrix.md holds the table (one
 row per architecture, driver and provider, as docs/qualification.md has them), also printed.
 `--dry` runs here, on CPU: imports, every entry's model built, every request and launch command
-validated, nothing launched.
+validated, nothing launched. On a CPU host with SGLang and CRIU, `--engine-args ""` runs the
+matrix itself (the adapter's CPU flags) as a check of the harness.
 """
 
 from __future__ import annotations
