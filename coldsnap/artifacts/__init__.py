@@ -36,7 +36,7 @@ from ._identity import (
 )
 from ._names import DIGEST_PREFIX, digest_problem, member_name_problem
 from ._nodememo import Stamp, read_record, settled, write_record
-from ._store import GcReport, ObjectWriter, Store, VerifyReport
+from ._store import GcReport, ObjectWriter, Removed, Store, Tally, VerifyReport
 
 __all__ = [
     "BLOCK_BYTES",
@@ -56,11 +56,13 @@ __all__ = [
     "PhaseCoverage",
     "Platform",
     "RecordError",
+    "Removed",
     "ShapeCoverage",
     "SnapshotDriver",
     "Stamp",
     "Store",
     "StoreError",
+    "Tally",
     "Topology",
     "VerifyReport",
     "capture_identity",

@@ -9,6 +9,9 @@ DIGEST_PREFIX = "sha256:"
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=@-]*")
 _TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_SHORT = re.compile(r"(?:sha256:)?([0-9a-f]{4,63})")
+SHORT_DIGEST_MIN = 4
+"""The fewest hex digits a short digest may have (as git: fewer would match too much)."""
 
 
 def digest_problem(value: object) -> str | None:
@@ -48,3 +51,10 @@ def tag_problem(value: object) -> str | None:
     if value.startswith(DIGEST_PREFIX) or not _TAG.fullmatch(value):
         return f"{value!r} is not a tag: 1-128 of [A-Za-z0-9_.-], starting with a letter or digit"
     return None
+
+
+def short_digest(value: str) -> str | None:
+    """The hex digits of a short digest (`3f2a9c1b07de`, `sha256:3f2a`: 4 to 63 lowercase hex
+    digits, what `ls` prints is 12), or None when `value` is not spelled as one."""
+    found = _SHORT.fullmatch(value)
+    return found.group(1) if found else None

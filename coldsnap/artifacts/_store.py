@@ -37,7 +37,7 @@ from ._capsule import Capsule, TagRecord
 from ._convert import from_json, to_json
 from ._errors import IntegrityError, RecordError, StoreError
 from ._hashing import CHUNK, sha256_fd
-from ._names import DIGEST_PREFIX, digest_problem, tag_problem
+from ._names import DIGEST_PREFIX, digest_problem, short_digest, tag_problem
 
 _SENDFILE_BYTES = 1 << 30
 _HEX = frozenset("0123456789abcdef")
@@ -68,10 +68,48 @@ class Taken:
 
 
 @frozen
+class Tally:
+    """A number of objects and their bytes."""
+
+    count: int = 0
+    bytes: int = 0
+
+    def add(self, size: int) -> Tally:
+        return Tally(self.count + 1, self.bytes + size)
+
+
+@frozen(kw_only=True)
 class GcReport:
+    """What `Store.gc` did and, for each thing it left, why: so "removed 0" is never the whole
+    answer. `kept` is every object left; `reached` those a published capsule names, `young`
+    the unreachable ones within the grace. Capsules: `unpublished` (untagged, past the grace),
+    and the untagged ones kept, `young_capsules` (within the grace) and `in_use_capsules`."""
+
     removed: tuple[str, ...]
     freed_bytes: int
     kept: int
+    reached: Tally = Tally()
+    young: Tally = Tally()
+    unpublished: tuple[str, ...] = ()
+    young_capsules: tuple[str, ...] = ()
+    in_use_capsules: tuple[str, ...] = ()
+
+
+@frozen(kw_only=True)
+class Removed:
+    """What `Store.remove` did: the capsule unpublished, the tags that named it, the objects it
+    freed at once (only it reached them, untouched since it was published) and those it left:
+    `shared` (another capsule names them), `touched` (written again since it was published: a
+    capture in progress may be taking them; gc frees them after its grace). `unread` says why
+    nothing was freed when the capsules could not all be read (gc frees it later)."""
+
+    digest: str
+    tags: tuple[str, ...]
+    freed: tuple[str, ...]
+    freed_bytes: int
+    shared: Tally = Tally()
+    touched: Tally = Tally()
+    unread: str | None = None
 
 
 class ObjectWriter:
@@ -158,19 +196,45 @@ class Store:
         return cls(root, create=False)
 
     def _check_layout(self) -> None:
-        st = _fs.refuse_symlink(self.root)
-        if st is None or not stat.S_ISDIR(st.st_mode):
-            raise StoreError(f"no store at {self.root}: not a directory")
-        missing = []
-        for sub in LAYOUT:
-            found = _fs.refuse_symlink(self.root / sub)
-            if found is None or not stat.S_ISDIR(found.st_mode):
-                missing.append(sub)
+        try:
+            st = _fs.refuse_symlink(self.root)
+            if st is None:
+                raise StoreError(f"no store at {self.root}: it does not exist (a capture makes it)")
+            if not stat.S_ISDIR(st.st_mode):
+                raise StoreError(f"no store at {self.root}: not a directory")
+            missing = []
+            for sub in LAYOUT:
+                found = _fs.refuse_symlink(self.root / sub)
+                if found is None or not stat.S_ISDIR(found.st_mode):
+                    missing.append(sub)
+            if not missing and not all(
+                os.access(self.root / sub, os.R_OK | os.X_OK) for sub in ("capsules", "tags")
+            ):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        except PermissionError:
+            raise StoreError(self._denied()) from None
         if missing:
             raise StoreError(
                 f"{self.root} is not a coldsnap store: it lacks the store's folders "
                 f"{', '.join(missing)}"
             )
+
+    def _denied(self) -> str:
+        """Why this user cannot read the store: the nearest folder on its path that can be
+        looked at, its owner and mode (a store is private to the user who made it, root for
+        the default one)."""
+        for folder in (self.root, *self.root.parents):
+            try:
+                st = os.stat(folder)
+            except OSError:
+                continue
+            return (
+                f"cannot read the store at {self.root}: permission denied ({folder} belongs to "
+                f"uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}; this is uid "
+                f"{os.geteuid()}): run it as the store's owner"
+                + (" (root: sudo)" if st.st_uid == 0 else "")
+            )
+        return f"cannot read the store at {self.root}: permission denied"
 
     def _check_makeable(self) -> None:
         """A directory already at `root` is a store when it holds the store's folders; any other
@@ -460,6 +524,31 @@ class Store:
             )
         return digest
 
+    def lookup(self, ref: str) -> str:
+        """`resolve`, and short digests as `ls` prints them: a tag that exists wins; otherwise
+        4 to 63 hex digits (with or without `sha256:`) name the one published capsule whose
+        digest begins with them. StoreError when none does or several do (naming them)."""
+        prefix = short_digest(ref)
+        if prefix is None or (not ref.startswith(DIGEST_PREFIX) and self._has_tag(ref)):
+            return self.resolve(ref)
+        found = [d for d in self.capsules() if d.removeprefix(DIGEST_PREFIX).startswith(prefix)]
+        if len(found) == 1:
+            return found[0]
+        if found:
+            raise StoreError(
+                f"{ref!r} is ambiguous: the digests of {len(found)} capsules begin with it ("
+                + ", ".join(found)
+                + "): give more digits"
+            )
+        tags = self.tag_names()
+        raise StoreError(
+            f"no tag {ref!r} and no capsule whose digest begins with {prefix} in {self.root}"
+            + (f" (tags: {', '.join(tags)})" if tags else " (it holds no tags)")
+        )
+
+    def _has_tag(self, name: str) -> bool:
+        return tag_problem(name) is None and _fs.regular_file(self.root / "tags" / name) is not None
+
     def tag(self, tag: str, ref: str) -> str:
         """Points `tag` at a published capsule (replacing what it pointed at)."""
         if problem := tag_problem(tag):
@@ -489,49 +578,119 @@ class Store:
         """Hides a capsule (and drops the tags naming it); its objects go at the next gc."""
         with self._store_lock():
             digest = self.resolve(ref)
-            for tag, target in self.tags().items():
-                if target == digest:
-                    (self.root / "tags" / tag).unlink()
-            self._marker(digest).unlink()
-            _atomic.fsync_dir(self.root / "capsules")
+            self._unpublish(digest)
         return digest
 
-    def gc(self, *, grace_s: float = 3600.0) -> GcReport:
+    def _unpublish(self, digest: str) -> tuple[str, ...]:
+        """With the store lock held: drops the capsule's tags and marker; the tags dropped."""
+        tags = tuple(tag for tag, target in self.tags().items() if target == digest)
+        for tag in tags:
+            (self.root / "tags" / tag).unlink()
+        self._marker(digest).unlink()
+        _atomic.fsync_dir(self.root / "capsules")
+        return tags
+
+    def remove(self, ref: str) -> Removed:
+        """Unpublishes a capsule (and the tags naming it), then frees at once the objects only
+        it reached that nothing wrote again since it was published. An object written again
+        since may be a capture's in progress (taking an object already there refreshes its
+        age), so it is left for gc's grace, as are objects another capsule names; with any
+        other capsule unreadable nothing is freed (what it names is not known)."""
+        with self._store_lock():
+            digest = self.resolve(ref)
+            published = os.lstat(self._marker(digest)).st_mtime
+            tags = self._unpublish(digest)
+            try:
+                manifest = from_json(self.read_bytes(digest), Capsule)
+                others = self._reachable()
+            except (StoreError, RecordError) as exc:
+                return Removed(digest=digest, tags=tags, freed=(), freed_bytes=0, unread=str(exc))
+            mine = {digest, *(m.digest for m in manifest.members)}
+            freed, freed_bytes, shared, touched = [], 0, Tally(), Tally()
+            for obj in sorted(mine):
+                with self._object_lock(obj):
+                    st = _fs.regular_file(self._object_path(obj))
+                    if st is None:
+                        continue
+                    if obj in others:
+                        shared = shared.add(st.st_size)
+                    elif st.st_mtime > published:
+                        touched = touched.add(st.st_size)
+                    else:
+                        self._object_path(obj).unlink()
+                        freed.append(obj)
+                        freed_bytes += st.st_size
+        return Removed(
+            digest=digest, tags=tags, freed=tuple(freed), freed_bytes=freed_bytes,
+            shared=shared, touched=touched,
+        )  # fmt: skip
+
+    def _reachable(self) -> set[str]:
+        """Every object a published capsule names (its manifest and members)."""
+        reachable: set[str] = set()
+        for digest in self.capsules():
+            manifest = from_json(self.read_bytes(digest), Capsule)
+            reachable.add(digest)
+            reachable.update(m.digest for m in manifest.members)
+        return reachable
+
+    def gc(
+        self,
+        *,
+        grace_s: float = 3600.0,
+        untagged: bool = False,
+        in_use: Iterable[str] = (),
+    ) -> GcReport:
         """Removes objects no published capsule reaches, and stale temporary files (only files in
         tmp/ named as the store names its own: nothing else is the store's). Objects and
         temporaries younger than `grace_s` are kept: they may belong to a capture that has not
-        published yet. Fails closed (removes nothing) if a published manifest is unreadable or
-        a symlink is found."""
+        published yet. With `untagged`, a capsule no tag names (a re-captured tag's earlier
+        capsule) is unpublished first once it was published longer than `grace_s` ago, unless
+        `in_use` names it (a restore serves it). Fails closed (removes nothing) if a published
+        manifest is unreadable or a symlink is found."""
         with self._store_lock():
             strays = self._strays()
             if strays:
                 raise StoreError(
                     "gc refused: " + "; ".join(f"{where}: {why}" for where, why in strays)
                 )
-            reachable: set[str] = set()
             for digest in self.capsules():
                 try:
-                    manifest = from_json(self.read_bytes(digest), Capsule)
+                    from_json(self.read_bytes(digest), Capsule)
                 except (StoreError, RecordError) as exc:
                     raise StoreError(f"gc refused: capsule {digest} is unreadable: {exc}") from exc
-                reachable.add(digest)
-                reachable.update(m.digest for m in manifest.members)
             for tag, target in self.tags().items():
                 if _fs.regular_file(self._marker(target)) is None:
                     (self.root / "tags" / tag).unlink()
             horizon = time.time() - grace_s
-            removed, freed, kept = [], 0, 0
+            unpublished, young_capsules, in_use_capsules = [], [], []
+            if untagged:
+                using, tagged = set(in_use), set(self.tags().values())
+                for digest in self.capsules():
+                    if digest in tagged:
+                        continue
+                    if digest in using:
+                        in_use_capsules.append(digest)
+                    elif os.lstat(self._marker(digest)).st_mtime > horizon:
+                        young_capsules.append(digest)
+                    else:
+                        self._marker(digest).unlink()
+                        unpublished.append(digest)
+                if unpublished:
+                    _atomic.fsync_dir(self.root / "capsules")
+            reachable = self._reachable()
+            removed, freed, reached, young = [], 0, Tally(), Tally()
             for digest in list(self.objects()):
-                if digest in reachable:
-                    kept += 1
-                    continue
                 with self._object_lock(digest):
                     path = self._object_path(digest)
                     st = _fs.regular_file(path)
                     if st is None:
                         continue
+                    if digest in reachable:
+                        reached = reached.add(st.st_size)
+                        continue
                     if st.st_mtime > horizon:
-                        kept += 1
+                        young = young.add(st.st_size)
                         continue
                     path.unlink()
                     removed.append(digest)
@@ -541,7 +700,11 @@ class Store:
                     continue  # not a file the store wrote: not the store's to remove
                 if entry.stat(follow_symlinks=False).st_mtime <= horizon:
                     os.unlink(entry.path)
-        return GcReport(removed=tuple(removed), freed_bytes=freed, kept=kept)
+        return GcReport(
+            removed=tuple(removed), freed_bytes=freed, kept=reached.count + young.count,
+            reached=reached, young=young, unpublished=tuple(unpublished),
+            young_capsules=tuple(young_capsules), in_use_capsules=tuple(in_use_capsules),
+        )  # fmt: skip
 
     # internals ----------------------------------------------------------------------------
 

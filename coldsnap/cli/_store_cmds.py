@@ -1,7 +1,9 @@
 """Store commands that need no engine: `ls` (the capsules of a store), `show NAME` (one capsule's
 identity and members), `rm` and `gc` (remove what no capsule reaches). They read the store through
 coldsnap.artifacts and the capture record a capsule carries (coldsnap.capsules), and open it as
-it is (`Store.open`): a directory that is not a store is refused, never made into one."""
+it is (`Store.open`): a directory that is not a store is refused, never made into one. Each
+takes the store capture and restore default to; a capsule is named by a tag, a digest or a
+short digest as `ls` prints it."""
 
 from __future__ import annotations
 
@@ -16,29 +18,47 @@ from typing import Any
 
 import click
 
+from coldsnap._paths import DEFAULT_STORE
 from coldsnap.artifacts import (
     DIGEST_PREFIX,
     ArtifactError,
     Capsule,
     Store,
+    Tally,
     converter,
     from_json,
 )
 from coldsnap.capsules import RECORD_NAME, CaptureRecord
+from coldsnap.machine import RequestError
 
+from . import _serving
 from ._errors import OTHER, reported, say
 
 _STORE = click.option(
     "--store",
-    required=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="The store directory.",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_STORE,
+    show_default=True,
+    help="The store directory (the one capture and restore default to).",
 )
 
 
 def _debug() -> bool:
     ctx = click.get_current_context(silent=True)
     return bool(ctx and ctx.find_root().obj and ctx.find_root().obj.get("debug"))
+
+
+def _open(store: Path) -> Store:
+    """The store at `store`, as it is. One that does not exist is a bad request (a mistyped
+    --store); one this user may not read is Store.open's to explain (owner and mode)."""
+    try:
+        os.lstat(store)
+    except FileNotFoundError:
+        problem = f"no store at {store}: it does not exist (a capture makes it)"
+        raise RequestError([("--store", problem)]) from None
+    except PermissionError:
+        pass
+    return Store.open(store)
 
 
 def _record(store: Store, capsule: Capsule) -> CaptureRecord | None:
@@ -129,7 +149,7 @@ def ls(store: Path, as_json: bool) -> None:
     capsule that cannot be read is listed as damaged, with why on stderr, and the others still
     are; the exit status is then 1."""
     with reported(_debug):
-        found = Store.open(store)
+        found = _open(store)
         damaged: list[tuple[str, str]] = []
         tags = _tags_by_capsule(found, damaged)
         rows: list[dict[str, Any]] = []
@@ -181,10 +201,11 @@ def _table(rows: list[dict[str, Any]]) -> None:
 @_STORE
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of text.")
 def show(name: str, store: Path, as_json: bool) -> None:
-    """Show one capsule (by tag or sha256: digest): its identity and a summary of its members."""
+    """Show one capsule (by tag, digest or short digest): its identity and a summary of its
+    members."""
     with reported(_debug):
-        found = Store.open(store)
-        digest = found.resolve(name)
+        found = _open(store)
+        digest = found.lookup(name)
         capsule = found.capsule(digest)
         about = summary(found, digest, _tags_by_capsule(found).get(digest, []))
         roles: dict[str, dict[str, int]] = {}
@@ -230,11 +251,46 @@ def show(name: str, store: Path, as_json: bool) -> None:
 @click.argument("name")
 @_STORE
 def rm(name: str, store: Path) -> None:
-    """Unpublish a capsule (by tag or sha256: digest) and drop its tags; `gc` then frees what
-    nothing else reaches."""
+    """Remove a capsule (by tag, digest or short digest) and the tags naming it, and free at once
+    the objects only it used. Objects another capsule shares are kept, as are those written
+    again since it was published (a capture in progress may be taking them: `gc` frees them
+    after its grace)."""
     with reported(_debug):
-        digest = Store.open(store).unpublish(name)
-    click.echo(f"removed capsule {digest}; run `coldsnap gc` to free its objects")
+        found = _open(store)
+        done = found.remove(found.lookup(name))
+    tags = f" (tags {', '.join(done.tags)})" if done.tags else " (untagged)"
+    click.echo(f"removed capsule {done.digest}{tags}")
+    if done.unread is not None:
+        click.echo(f"freed nothing: the store's capsules could not all be read ({done.unread})")
+        click.echo("`coldsnap gc` frees its objects once they can be")
+        return
+    click.echo(f"freed {_objects(Tally(len(done.freed), done.freed_bytes))} only it used")
+    if done.shared.count:
+        click.echo(f"kept {_objects(done.shared)} other capsules also use")
+    if done.touched.count:
+        click.echo(
+            f"kept {_objects(done.touched)} written again since it was published (a capture in "
+            "progress may be taking them); `coldsnap gc` frees them once unused after its grace"
+        )
+
+
+def _objects(tally: Tally) -> str:
+    return f"{tally.count} object{'' if tally.count == 1 else 's'} ({_size(tally.bytes)})"
+
+
+def _in_use() -> tuple[set[str], list[str]]:
+    """The capsules this host's restores serve (by their serving records), and the names of
+    those still starting, whose record does not name its capsule yet."""
+    using: set[str] = set()
+    starting: list[str] = []
+    for serving in _serving.records():
+        if serving.capsule_digest:
+            using.add(serving.capsule_digest)
+        elif serving.artifact.startswith(DIGEST_PREFIX):
+            using.add(serving.artifact)
+        else:
+            starting.append(serving.name)
+    return using, starting
 
 
 def _finite(_ctx: click.Context, param: click.Parameter, value: float) -> float:
@@ -252,17 +308,35 @@ def _finite(_ctx: click.Context, param: click.Parameter, value: float) -> float:
     callback=_finite,
     default=3600.0,
     show_default=True,
-    help="Keep unreachable objects and temporaries younger than this many seconds.",
+    help="Keep untagged capsules, unreachable objects and temporaries younger than this many "
+    "seconds (a capture that has not published yet may be writing them).",
 )
 def gc(store: Path, grace: float) -> None:
-    """Remove the objects no published capsule reaches (and stale temporary files)."""
+    """Remove the capsules no tag names (a re-captured tag's earlier one) once older than the
+    grace, unless a restore on this host serves one (its serving record names it); then the
+    objects no capsule reaches, and stale temporary files. Says what it kept and why."""
     with reported(_debug):
-        report = Store.open(store).gc(grace_s=grace)
+        using, starting = _in_use()
+        report = _open(store).gc(grace_s=grace, untagged=not starting, in_use=using)
+    for digest in report.unpublished:
+        click.echo(f"removed untagged capsule {digest}")
     for digest in report.removed:
         click.echo(f"removed {digest}")
+    for digest in report.in_use_capsules:
+        click.echo(f"kept untagged capsule {digest}: a restore serves it")
+    for digest in report.young_capsules:
+        click.echo(f"kept untagged capsule {digest}: published within the grace ({grace:g} s)")
+    if starting:
+        click.echo(
+            f"kept every untagged capsule: the restore serving as {', '.join(starting)} has not "
+            "recorded its capsule yet (run gc again once it is done)"
+        )
+    kept = [f"{_objects(report.reached)} that capsules use"]
+    if report.young.count:
+        kept.append(f"{_objects(report.young)} unused but within the grace ({grace:g} s)")
     click.echo(
-        f"gc: removed {len(report.removed)} objects ({_size(report.freed_bytes)}), "
-        f"kept {report.kept}"
+        f"gc: removed {_objects(Tally(len(report.removed), report.freed_bytes))} and "
+        f"{len(report.unpublished)} untagged capsules; kept " + ", ".join(kept)
     )
 
 

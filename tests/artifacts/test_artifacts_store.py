@@ -322,6 +322,41 @@ def test_gc_removes_only_unreferenced_objects(tmp_path):
     assert store.verify().ok and store.capsule("keep") == keep
 
 
+def test_gc_unpublishes_untagged_capsules_only_when_asked(tmp_path):
+    store = Store(tmp_path / "s")
+    earlier = store.publish(capsule_of(store, {"a": b"first", "b": b"shared"}), tag="tiny")
+    current = store.publish(capsule_of(store, {"a": b"second", "b": b"shared"}), tag="tiny")
+    kept = store.gc(grace_s=0)  # the Python API keeps untagged capsules unless told
+    assert kept.unpublished == () and set(store.capsules()) == {earlier, current}
+    served = store.gc(grace_s=0, untagged=True, in_use=[earlier])
+    assert served.in_use_capsules == (earlier,) and earlier in store.capsules()
+    report = store.gc(grace_s=0, untagged=True)
+    assert report.unpublished == (earlier,)
+    assert set(report.removed) == {earlier, sha(b"first")}
+    assert store.capsules() == [current] and store.has(sha(b"shared"))
+    assert report.reached.count == 3 and report.young.count == 0
+    assert store.verify().ok
+
+
+def test_remove_frees_only_what_no_other_capsule_uses(tmp_path):
+    store = Store(tmp_path / "s")
+    gone = store.publish(capsule_of(store, {"a": b"mine", "b": b"shared"}), tag="gone")
+    store.publish(capsule_of(store, {"b": b"shared"}), tag="stays")
+    done = store.remove("gone")
+    assert done.tags == ("gone",) and done.digest == gone
+    assert set(done.freed) == {gone, sha(b"mine")}
+    assert done.shared.count == 1 and store.has(sha(b"shared"))
+    assert store.tags().keys() == {"stays"} and store.verify().ok
+
+
+def test_open_tells_a_missing_store_from_a_file(tmp_path):
+    with pytest.raises(StoreError, match="it does not exist"):
+        Store.open(tmp_path / "nowhere")
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(StoreError, match="not a directory"):
+        Store.open(tmp_path / "file")
+
+
 def test_gc_fails_closed_on_an_unreadable_manifest(tmp_path):
     store = Store(tmp_path / "s")
     digest = store.publish(capsule_of(store, {"a": b"alpha"}))
