@@ -299,21 +299,29 @@ class Run:
         if not receipt.ok:
             return rec
         try:
-            url = receipt.facts["engine_url"]
-            self.flush(url)
-            first = self.generate(url, PROMPTS["P1"])
-            rec["first_answer_s"] = round(time.perf_counter() - t0, 3)
-            got = {"P1": first, **{k: v for k, v in self.answers(url).items() if k != "P1"}}
+            got = self.first_and_answers(receipt.facts["engine_url"], t0, cold, rec)
             rec["answers"] = got
             if cold is not None:
-                rec["equal"] = {k: got[k] == cold.get(k) for k in PROMPTS}
-                rec["first_answer_equal"] = first == cold.get("P1")
+                rec["first_answer_equal"] = got["P1"] == cold.get("P1")
             rec["hydration"] = self.hydration(receipt)
         except Exception as exc:
             rec["answer_error"] = f"{type(exc).__name__}: {exc}"
         finally:
             machine.stop(receipt)
         return rec
+
+    def first_and_answers(
+        self, url: str, t0: float, cold: dict[str, list[int]] | None, rec: dict[str, Any]
+    ) -> dict[str, list[int]]:
+        """The first answer timed from t0 into rec, then every prompt (cache flushed before
+        each) compared with the cold start's; returns the answers."""
+        self.flush(url)
+        first = self.generate(url, PROMPTS["P1"])
+        rec["first_answer_s"] = round(time.perf_counter() - t0, 3)
+        got = {"P1": first, **{k: v for k, v in self.answers(url).items() if k != "P1"}}
+        if cold is not None:
+            rec["equal"] = {k: got[k] == cold.get(k) for k in PROMPTS}
+        return got
 
     def fresh_restore(self, variant: str, cold: dict[str, list[int]] | None) -> dict[str, Any]:
         """A restore by a new orchestrator process (what `coldsnap restore` does, without its
@@ -337,12 +345,7 @@ class Run:
         if rec.get("outcome") != "done" or not url:
             return rec
         try:
-            self.flush(url)
-            first = self.generate(url, PROMPTS["P1"])
-            rec["first_answer_s"] = round(time.perf_counter() - t0, 3)
-            got = {"P1": first, **{k: v for k, v in self.answers(url).items() if k != "P1"}}
-            if cold is not None:
-                rec["equal"] = {k: got[k] == cold.get(k) for k in PROMPTS}
+            self.first_and_answers(url, t0, cold, rec)
         finally:
             if pid:
                 kill_tree(int(pid))
@@ -391,12 +394,7 @@ class Run:
             return rec
         url = f"http://127.0.0.1:{port}"
         try:
-            self.flush(url)
-            first = self.generate(url, PROMPTS["P1"])
-            rec["first_answer_s"] = round(time.perf_counter() - t0, 3)
-            got = {"P1": first, **{k: v for k, v in self.answers(url).items() if k != "P1"}}
-            if cold is not None:
-                rec["equal"] = {k: got[k] == cold.get(k) for k in PROMPTS}
+            self.first_and_answers(url, t0, cold, rec)
         except Exception as exc:
             rec["answer_error"] = f"{type(exc).__name__}: {exc}"
         finally:
