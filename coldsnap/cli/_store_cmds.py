@@ -24,6 +24,7 @@ from coldsnap.artifacts import (
     ArtifactError,
     Capsule,
     Store,
+    StoreError,
     Tally,
     converter,
     from_json,
@@ -254,10 +255,21 @@ def rm(name: str, store: Path) -> None:
     """Remove a capsule (by tag, digest or short digest) and the tags naming it, and free at once
     the objects only it used. Objects another capsule shares are kept, as are those written
     again since it was published (a capture in progress may be taking them: `gc` frees them
-    after its grace)."""
+    after its grace). A capsule a restore on this host serves is refused (stop it first)."""
     with reported(_debug):
         found = _open(store)
-        done = found.remove(found.lookup(name))
+        digest = found.lookup(name)
+        using, starting = _in_use()
+        serving = using.get(digest, []) + [
+            s for s, artifact in starting.items() if _names(found, artifact, digest)
+        ]
+        if serving:
+            problem = (
+                f"{name!r} ({digest}) is what {', '.join(serving)} serves here (a wake reads "
+                f"the store): stop it first (`coldsnap stop {serving[0]}`)"
+            )
+            raise RequestError([("NAME", problem)])
+        done = found.remove(digest)
     tags = f" (tags {', '.join(done.tags)})" if done.tags else " (untagged)"
     click.echo(f"removed capsule {done.digest}{tags}")
     if done.unread is not None:
@@ -274,22 +286,32 @@ def rm(name: str, store: Path) -> None:
         )
 
 
+def _names(store: Store, ref: str, digest: str) -> bool:
+    """Whether `ref` (what a restore was asked for) names the capsule `digest` in `store`; a
+    ref the store does not know names none of its capsules."""
+    try:
+        return store.lookup(ref) == digest
+    except StoreError:
+        return False
+
+
 def _objects(tally: Tally) -> str:
     return f"{tally.count} object{'' if tally.count == 1 else 's'} ({_size(tally.bytes)})"
 
 
-def _in_use() -> tuple[set[str], list[str]]:
-    """The capsules this host's restores serve (by their serving records), and the names of
-    those still starting, whose record does not name its capsule yet."""
-    using: set[str] = set()
-    starting: list[str] = []
+def _in_use() -> tuple[dict[str, list[str]], dict[str, str]]:
+    """The capsules this host's restores serve (by their serving records), each with the names
+    it serves under; and the restores still starting, whose record does not name its capsule
+    yet, each name with the tag it restores."""
+    using: dict[str, list[str]] = defaultdict(list)
+    starting: dict[str, str] = {}
     for serving in _serving.records():
         if serving.capsule_digest:
-            using.add(serving.capsule_digest)
+            using[serving.capsule_digest].append(serving.name)
         elif serving.artifact.startswith(DIGEST_PREFIX):
-            using.add(serving.artifact)
+            using[serving.artifact].append(serving.name)
         else:
-            starting.append(serving.name)
+            starting[serving.name] = serving.artifact
     return using, starting
 
 
@@ -317,7 +339,7 @@ def gc(store: Path, grace: float) -> None:
     objects no capsule reaches, and stale temporary files. Says what it kept and why."""
     with reported(_debug):
         using, starting = _in_use()
-        report = _open(store).gc(grace_s=grace, untagged=not starting, in_use=using)
+        report = _open(store).gc(grace_s=grace, untagged=not starting, in_use=set(using))
     for digest in report.unpublished:
         click.echo(f"removed untagged capsule {digest}")
     for digest in report.removed:

@@ -222,6 +222,23 @@ def test_rm_leaves_an_object_written_again_since_publishing_to_gc(store: Store) 
     assert store.has(image) and not store.has(digest)
 
 
+@pytest.mark.parametrize("recorded", [True, False], ids=["serving", "starting"])
+def test_rm_refuses_a_capsule_a_restore_serves(store: Store, recorded: bool) -> None:
+    digest = publish(store, "tiny")
+    _serving.record(
+        _serving.Serving(
+            name="front", workdir="/nowhere", artifact="tiny",
+            capsule_digest=digest if recorded else None, url=None, pid=None,
+            started=time.time(),
+        )
+    )  # fmt: skip
+    result = cli("rm", digest.removeprefix(DIGEST_PREFIX)[:12], "--store", str(store.root))
+    assert result.exit_code == 2, result.output
+    assert "is what front serves here" in result.stderr
+    assert "coldsnap stop front" in result.stderr
+    assert store.capsules() == [digest] and store.verify().ok
+
+
 # -- a store this user may not read ------------------------------------------------------------
 
 
