@@ -19,6 +19,7 @@ from ._errors import (
     ArtifactError,
     IncompatibleArtifact,
     IntegrityError,
+    NoCapsule,
     RecordError,
     StoreError,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "IntegrityError",
     "Member",
     "ModelBinding",
+    "NoCapsule",
     "ObjectWriter",
     "PhaseCoverage",
     "Platform",

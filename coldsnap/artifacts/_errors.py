@@ -30,6 +30,11 @@ class StoreError(ArtifactError):
     """The store refuses an operation (bad name, symlink, missing object, wrong filesystem)."""
 
 
+class NoCapsule(StoreError):
+    """No published capsule answers to a name: a tag or digest the store does not hold, or a
+    short digest that begins no capsule's digest or several (a request to correct, not damage)."""
+
+
 class IntegrityError(StoreError):
     """Stored bytes do not hash to the digest that names them."""
 

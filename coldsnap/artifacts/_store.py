@@ -35,7 +35,7 @@ from coldsnap import _atomic
 from . import _fs
 from ._capsule import Capsule, TagRecord
 from ._convert import from_json, to_json
-from ._errors import IntegrityError, RecordError, StoreError
+from ._errors import IntegrityError, NoCapsule, RecordError, StoreError
 from ._hashing import CHUNK, sha256_fd
 from ._names import DIGEST_PREFIX, digest_problem, short_digest, tag_problem
 
@@ -519,7 +519,7 @@ class Store:
                 raise StoreError(problem)
             digest = self._read_tag(ref).capsule
         if _fs.regular_file(self._marker(digest)) is None:
-            raise StoreError(
+            raise NoCapsule(
                 f"no published capsule {digest}" + ("" if ref == digest else f" ({ref})")
             )
         return digest
@@ -527,24 +527,30 @@ class Store:
     def lookup(self, ref: str) -> str:
         """`resolve`, and short digests as `ls` prints them: a tag that exists wins; otherwise
         4 to 63 hex digits (with or without `sha256:`) name the one published capsule whose
-        digest begins with them. StoreError when none does or several do (naming them)."""
+        digest begins with them. NoCapsule when none does or several do (naming them), or
+        when no tag has the name (listing the tags)."""
         prefix = short_digest(ref)
         if prefix is None or (not ref.startswith(DIGEST_PREFIX) and self._has_tag(ref)):
+            if prefix is None and tag_problem(ref) is None and not self._has_tag(ref):
+                raise NoCapsule(f"no tag {ref!r} in {self.root}{self._tags_hint()}")
             return self.resolve(ref)
         found = [d for d in self.capsules() if d.removeprefix(DIGEST_PREFIX).startswith(prefix)]
         if len(found) == 1:
             return found[0]
         if found:
-            raise StoreError(
+            raise NoCapsule(
                 f"{ref!r} is ambiguous: the digests of {len(found)} capsules begin with it ("
                 + ", ".join(found)
                 + "): give more digits"
             )
-        tags = self.tag_names()
-        raise StoreError(
+        raise NoCapsule(
             f"no tag {ref!r} and no capsule whose digest begins with {prefix} in {self.root}"
-            + (f" (tags: {', '.join(tags)})" if tags else " (it holds no tags)")
+            + self._tags_hint()
         )
+
+    def _tags_hint(self) -> str:
+        tags = self.tag_names()
+        return f" (tags: {', '.join(tags)})" if tags else " (it holds no tags)"
 
     def _has_tag(self, name: str) -> bool:
         return tag_problem(name) is None and _fs.regular_file(self.root / "tags" / name) is not None
@@ -763,7 +769,7 @@ class Store:
     def _read_tag(self, tag: str) -> TagRecord:
         path = self.root / "tags" / tag
         if _fs.regular_file(path) is None:
-            raise StoreError(f"no tag {tag!r} in {self.root}")
+            raise NoCapsule(f"no tag {tag!r} in {self.root}")
         fd = _fs.open_read(path)
         try:
             with os.fdopen(fd, "rb", closefd=False) as handle:

@@ -23,8 +23,8 @@ from coldsnap.artifacts import (
     DIGEST_PREFIX,
     ArtifactError,
     Capsule,
+    NoCapsule,
     Store,
-    StoreError,
     Tally,
     converter,
     from_json,
@@ -60,6 +60,15 @@ def _open(store: Path) -> Store:
     except PermissionError:
         pass
     return Store.open(store)
+
+
+def _lookup(store: Store, name: str) -> str:
+    """The capsule `name` names; one it names none of (or several) is a bad request, as an
+    unknown tag is for restore."""
+    try:
+        return store.lookup(name)
+    except NoCapsule as exc:
+        raise RequestError([("NAME", str(exc))]) from None
 
 
 def _record(store: Store, capsule: Capsule) -> CaptureRecord | None:
@@ -206,7 +215,7 @@ def show(name: str, store: Path, as_json: bool) -> None:
     members."""
     with reported(_debug):
         found = _open(store)
-        digest = found.lookup(name)
+        digest = _lookup(found, name)
         capsule = found.capsule(digest)
         about = summary(found, digest, _tags_by_capsule(found).get(digest, []))
         roles: dict[str, dict[str, int]] = {}
@@ -258,7 +267,7 @@ def rm(name: str, store: Path) -> None:
     after its grace). A capsule a restore on this host serves is refused (stop it first)."""
     with reported(_debug):
         found = _open(store)
-        digest = found.lookup(name)
+        digest = _lookup(found, name)
         using, starting = _in_use()
         serving = using.get(digest, []) + [
             s for s, artifact in starting.items() if _names(found, artifact, digest)
@@ -291,7 +300,7 @@ def _names(store: Store, ref: str, digest: str) -> bool:
     ref the store does not know names none of its capsules."""
     try:
         return store.lookup(ref) == digest
-    except StoreError:
+    except NoCapsule:
         return False
 
 

@@ -105,7 +105,7 @@ def test_an_ambiguous_short_digest_names_the_candidates(
         twin = twin[:-1] + "1"
     monkeypatch.setattr(Store, "capsules", lambda self: sorted([digest, twin]))
     result = cli("show", digest.removeprefix(DIGEST_PREFIX)[:6], "--store", str(store.root))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "is ambiguous" in result.stderr
     assert digest in result.stderr and twin in result.stderr
 
@@ -114,7 +114,7 @@ def test_an_unknown_short_digest_says_none_matches(store: Store) -> None:
     digest = publish(store, "tiny")
     unknown = "0123456789ab" if not digest.startswith("sha256:0123") else "fedcba987654"
     result = cli("rm", unknown, "--store", str(store.root))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert f"no tag {unknown!r} and no capsule whose digest begins with {unknown}" in result.stderr
     assert "(tags: tiny)" in result.stderr
     assert store.capsules() == [digest]

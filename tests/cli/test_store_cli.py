@@ -132,10 +132,13 @@ def test_show_json(store: Store) -> None:
     assert out["identity"]["snapshot"]["name"] == "n610"
 
 
-def test_show_an_unknown_name_is_an_error(store: Store) -> None:
+def test_show_an_unknown_name_is_a_bad_request(store: Store) -> None:
+    publish(store, "tiny")
     result = cli("show", "nope", "--store", str(store.root))
-    assert result.exit_code == 1
-    assert result.stderr.startswith(f"coldsnap: no tag 'nope' in {store.root}")
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"coldsnap: bad request: field 'NAME': no tag 'nope' in {store.root} (tags: tiny)\n"
+    )
 
 
 def test_gc_removes_only_what_no_capsule_reaches(store: Store) -> None:
