@@ -39,7 +39,6 @@ from ._errors import finish, reported, say
 from ._events import print_json_event
 from ._progress import ENDED, LiveSteps, step_line
 from ._quiet import libraries_to_log
-from ._recipes import load_recipe
 from ._restore_flags import check_honoured, set_over
 from ._signals import interrupts
 
@@ -81,6 +80,8 @@ def load(path: str) -> Request:
     """The request in the file at `path` (`-`: stdin), parsed strictly: JSON, or a YAML recipe
     when its name ends in .yaml or .yml."""
     if path.endswith((".yaml", ".yml")):
+        from ._recipes import load_recipe  # imports yaml, which a JSON request never needs
+
         return load_recipe(Path(path), _recipe_defaults)
     try:
         raw = click.get_text_stream("stdin").read() if path == "-" else Path(path).read_text()
@@ -346,8 +347,10 @@ The restored server serves on --host and --port, by default those of the capture
 line (else 127.0.0.1 and the port the capture served on); n610 moves the image's listening
 socket there before the restore, n580 builds the engine on them. A port in use is refused first.
 The served engine is recorded under --serve-as (default: NAME) for `coldsnap status` and
-`coldsnap stop`. The request file's format is `coldsnap schema restore`; --recipe reads it from
-YAML.
+`coldsnap stop`. A restore takes back the PIDs its image had: to serve a capsule again beside a
+running restore of it, give --replica (a PID namespace of its own, where the driver offers one),
+its own --port and its own --serve-as. The request file's format is `coldsnap schema restore`;
+--recipe reads it from YAML.
 """
 
 _RESTORE_OPTIONS = ("store", "workdir", "driver", "provider", "model_path", "serve_as")
@@ -379,6 +382,10 @@ _RESTORE_OPTIONS = ("store", "workdir", "driver", "provider", "model_path", "ser
     help="The checkpoint (needed by provider recovery and driver n580).",
 )  # fmt: skip
 @click.option("--serve-as", help="Name the served engine for status/stop [default: NAME].")
+@click.option(
+    "--replica", is_flag=True,
+    help="Restore into a PID namespace of its own, beside a running restore of the capsule.",
+)  # fmt: skip
 @click.option("--print-request", is_flag=True, help="Print the request JSON and exit.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON event per line (docs/cli.md).")
 @click.option(
@@ -396,6 +403,7 @@ def restore(
     print_request: bool,
     as_json: bool,
     serve_as: str | None,
+    replica: bool,
     **options: Any,
 ) -> None:
     with reported(_debug):
@@ -404,16 +412,19 @@ def restore(
             if given := _given(ctx, *_RESTORE_OPTIONS[:-1]) or (["--"] if engine_args else []):
                 raise click.UsageError(
                     f"{', '.join(given)}: a request file says this itself (only --port, "
-                    "--host, --serve-as and --json go with one)"
+                    "--host, --replica, --serve-as and --json go with one)"
                 )
             request = load(target)
             if not isinstance(request, RestoreRequest):
                 raise RequestError([("kind", "`coldsnap restore` takes a restore request")])
-            if port is not None or host is not None:
+            if port is not None or host is not None or replica:
                 request = attrs.evolve(request, port=port or request.port,
-                                       host=host or request.host)  # fmt: skip
+                                       host=host or request.host,
+                                       replica=replica or request.replica)  # fmt: skip
         else:
-            request = _restore_request(target, engine_args, port=port, host=host, **options)
+            request = _restore_request(
+                target, engine_args, port=port, host=host, replica=replica, **options
+            )
         request, by_default = _listen_default(request)
         if print_request:
             click.echo(request_json(request))
@@ -535,6 +546,7 @@ def _restore_request(
     *,
     port: int | None,
     host: str | None,
+    replica: bool,
     store: Path,
     workdir: Path | None,
     driver: str | None,
@@ -574,6 +586,7 @@ def _restore_request(
             engine_args=engine_args or record.engine_args,  # the capture's, which admit compares
             port=port,
             host=host,
+            replica=replica,
         )
 
     if path or not record.model_id:

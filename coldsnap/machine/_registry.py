@@ -287,6 +287,15 @@ def _graphs_set_at_capture(registry: Registry, request: Any) -> list[tuple[str, 
              "with its environment: set it in the capture request")]  # fmt: skip
 
 
+def _replica_needs_pid_namespaces(registry: Registry, request: Any) -> list[tuple[str, str]]:
+    if request.operation != "restore" or not request.replica:
+        return []
+    if "pid_namespaces" in registry.capabilities("driver", request.driver):
+        return []
+    return [("replica", f"driver '{request.driver}' cannot restore into a PID namespace of its "
+             "own (it does not declare pid_namespaces)")]  # fmt: skip
+
+
 def _timeouts_name_steps(registry: Registry, request: Any) -> list[tuple[str, str]]:
     """A timeout for a step the operation's spec does not have would replace nothing: a
     misspelt step name must not leave the step at its default unnoticed."""
@@ -300,14 +309,16 @@ def _timeouts_name_steps(registry: Registry, request: Any) -> list[tuple[str, st
 REQUEST_RULES: tuple[Callable[[Registry, Any], list[tuple[str, str]]], ...] = (
     _model_for_checkpoint,
     _graphs_set_at_capture,
+    _replica_needs_pid_namespaces,
     _timeouts_name_steps,
 )
 """What a request must satisfy given the capabilities its components declared at
 registration and the spec its operation runs (its timeouts name that spec's steps); each rule
 returns (field, problem) pairs. The capabilities they read: a
 provider's `checkpoint` (it brings the weights back from the pinned checkpoint, so a restore
-names it in `model`) and a driver's `resumes_process` (a restore resumes the captured process
-with the environment it had at capture, so what that environment decides is set at capture)."""
+names it in `model`), a driver's `resumes_process` (a restore resumes the captured process
+with the environment it had at capture, so what that environment decides is set at capture)
+and a driver's `pid_namespaces` (it can restore a `replica` into a PID namespace of its own)."""
 
 
 def _present(specs: dict[str, Spec | None]) -> tuple[Spec, ...]:

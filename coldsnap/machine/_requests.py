@@ -140,6 +140,10 @@ class RestoreRequest:
     async_cuda_graphs: bool = False
     """An engine a driver builds at restore serves eagerly first and captures its decode graphs
     at the first scheduler-idle boundary after a completed request (CUDA)."""
+    replica: bool = False
+    """Restore into a PID namespace of its own, so the capsule's processes can run again while
+    another restore of it (or the captured engine) holds the PIDs its image takes back; the
+    driver must declare `pid_namespaces` (Registry.check). Give it its own port."""
     timeouts: dict[str, float] = field(factory=dict, converter=_as_timeouts)
     format: int = REQUEST_FORMAT
     kind: str = "coldsnap.restore-request"

@@ -11,7 +11,12 @@ from ._specs import CAPTURE, CUDA_PIDS, RESTORE, RUNTIME_DIR_MADE, STOP
 
 
 def build(request: Any, engine: Engine) -> N610Driver:
-    return N610Driver(launcher=engine.launcher, cuda=default_cuda())  # type: ignore[attr-defined]
+    """A restore request's `replica` restores into a PID namespace of its own."""
+    return N610Driver(
+        launcher=engine.launcher,  # type: ignore[attr-defined]
+        cuda=default_cuda(),
+        restore_pid_namespace=bool(getattr(request, "replica", False)),
+    )
 
 
 def register(registry: Registry) -> None:
@@ -23,7 +28,7 @@ def register(registry: Registry) -> None:
         stop=STOP,
         build=build,
         cls=N610Driver,
-        capabilities={"resumes_process"},
+        capabilities={"resumes_process", "pid_namespaces"},
         doc="the whole initialized process tree and its CUDA state (CRIU + CUDA checkpoint)",
     )
 

@@ -8,15 +8,17 @@ CUDA driver's checkpoint API, and only then lets it run.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from coldsnap.backends import Criu
+from coldsnap.backends import Criu, PidCollision
 from coldsnap.backends.inet import check_port_free, dial_host, rebind
 from coldsnap.backends.procs import kill_tree, tree_pids
 from coldsnap.machine import ComponentError, Launcher, Skipped, StepContext, launch_weights
 
+from .._errors import DriverError
 from .._processes import (
     RUNTIME_ENV,
     Processes,
@@ -120,6 +122,11 @@ class N610Driver:
         pid = still_ours(ctx, ctx.facts.get("engine_pid"), belongs)
         if ctx.request.operation == "restore":
             found = restored_root(ctx.workdir, belongs)
+            if found is not None and self.restore_pid_namespace and not other_pid_namespace(found):
+                # CRIU, the init of the replica's namespace, wrote its root's PID as seen from
+                # there: on this host that PID is the image's, which another restore of the same
+                # capsule holds, with the same environment. Never stop that one.
+                found = None
             strays = [] if pid or found is None else [found]
         elif ctx.request.operation == "stop":
             strays = []  # the target's receipt named the engine: nothing was left unjournaled
@@ -212,15 +219,24 @@ class N610Driver:
             ctx.record(runtime_dir=runtime_dir, runtime_dir_made=host_dir_to_make(runtime_dir))
         if ctx.facts["runtime_dir_made"]:
             make_host_dir(runtime_dir)
-        tree = self.criu.restore(
-            images,
-            work_dir=ctx.workdir / "criu-restore",
-            stopped=True,
-            detached=True,
-            new_pid_namespace=self.restore_pid_namespace,
-            output=ctx.workdir / "engine.log",  # not the capture's log: it may be gone
-            timeout=ctx.remaining(),
-        )
+        try:
+            tree = self.criu.restore(
+                images,
+                work_dir=ctx.workdir / "criu-restore",
+                stopped=True,
+                detached=True,
+                new_pid_namespace=self.restore_pid_namespace,
+                output=ctx.workdir / "engine.log",  # not the capture's log: it may be gone
+                timeout=ctx.remaining(),
+            )
+        except PidCollision as exc:
+            raise DriverError(
+                f"{exc}. To serve another replica of this capsule beside it, restore with "
+                "`--replica` and its own `--port` (a request's `replica: true`)"
+            ) from exc
+        cuda_pids = list(capsule.get("cuda_pids") or ())
+        if tree.new_pid_namespace and cuda_pids:  # the capsule names them as its image does
+            cuda_pids = host_pids(tree.pid, cuda_pids)
         facts = {
             "engine_pid": tree.pid,
             "engine_url": url,
@@ -229,13 +245,43 @@ class N610Driver:
             "runtime_dir_made": ctx.facts["runtime_dir_made"],
             **engine_stamp(tree.pid),
             "restore_seconds": tree.seconds,
-            "cuda_pids": list(capsule.get("cuda_pids") or ()),
+            "cuda_pids": cuda_pids,
         }
         ctx.record(**facts)
         return facts
 
     def resume_processes(self, ctx: StepContext) -> None:
         self.processes.resume(ctx.facts["engine_pid"])
+
+
+def other_pid_namespace(pid: int) -> bool:
+    """Whether `pid` lives in a PID namespace other than this process's."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return False
+
+
+def host_pids(root: int, image_pids: list[int]) -> list[int]:
+    """The host PIDs of the processes of `root`'s tree, restored into a PID namespace of its
+    own, that hold `image_pids` there (the innermost of each one's NSpid): the CUDA driver and
+    every signal from here name them by their host PIDs. DriverError naming any not found."""
+    by_image: dict[int, int] = {}
+    for pid in tree_pids(root):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue  # ended since the scan: if it held a context, it is named missing below
+        for line in status.splitlines():
+            if line.startswith("NSpid:"):
+                by_image[int(line.split()[-1])] = pid
+    missing = [p for p in image_pids if p not in by_image]
+    if missing:
+        raise DriverError(
+            f"the restored tree of {root} has no process that holds PID {missing} in its "
+            "namespace (the capsule's processes with a CUDA context)"
+        )
+    return [by_image[p] for p in image_pids]
 
 
 def serve_on(images: Path, url: str, port: int | None, host: str | None = None) -> str:
