@@ -10,13 +10,14 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import click
-from rich.console import Console
-from rich.status import Status
 
 from coldsnap.machine import StepEvent
+
+if TYPE_CHECKING:
+    from rich.status import Status
 
 ENDED = ("done", "skipped", "failed", "compensated", "compensation_failed")
 """The phases after which a step (or its compensation) has ended."""
@@ -41,6 +42,10 @@ class LiveSteps:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`clock` gives the seconds the elapsed times are counted in (tests hand their own)."""
+        # rich is imported here, not with the module: a command that prints JSON events (the
+        # operator's scripted restore) never shows the display and need not pay its import.
+        from rich.console import Console
+
         self._clock = clock
         self._stream = stream or sys.stderr
         self._console = Console(file=self._stream, stderr=stream is None)

@@ -45,8 +45,8 @@ def find_snapshot(repo_id: str, revision: str, *, prefix: str = "model") -> Cach
     """The cached snapshot of `repo_id` at `revision`, or a RequestError naming the field to
     fix (`prefix`.id, .path or .revision) and how."""
     try:
+        from huggingface_hub import constants
         from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
-        from huggingface_hub.file_download import repo_folder_name
         from huggingface_hub.utils import validate_repo_id
     except ImportError as exc:
         raise RequestError(
@@ -67,7 +67,10 @@ def find_snapshot(repo_id: str, revision: str, *, prefix: str = "model") -> Cach
         ) from None
     cache = hub_cache()
     fetch = f"`hf download {repo_id} --revision {revision}`"
-    repo = cache / repo_folder_name(repo_id=repo_id, repo_type="model")
+    # The cache's folder for a model repo: "models", then the id's parts, joined by the
+    # separator huggingface_hub names. Spelled here because its own helper lives in
+    # file_download, whose import (~0.1 s) a restore of a model the cache lacks need not pay.
+    repo = cache / constants.REPO_ID_SEPARATOR.join(["models", *repo_id.split("/")])
     if not repo.is_dir():
         raise RequestError(
             [
