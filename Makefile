@@ -19,7 +19,7 @@ demo: setup
 test: setup
 	$(PY) -m ruff check coldsnap tests bench
 	$(PY) -m coldsnap.cli docs --check
-	COLDSNAP_REQUIRE=$(REQUIRE) $(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup
+	COLDSNAP_REQUIRE=$(REQUIRE) $(PY) -m pytest -q -ra --durations=30 -n $(TEST_WORKERS) --dist loadgroup
 
 lint:
 	$(PY) -m ruff check coldsnap tests bench
