@@ -43,9 +43,11 @@ FILES_IMAGE = "files.img"
 # images/fdinfo.proto: FileEntry {type = 1; id = 2; isk = 4}; fd_types.INETSK = 4
 _FILE_TYPE, _FILE_ISK, _INETSK = 1, 4, 4
 # images/sk-inet.proto: InetSkEntry {family = 3; type = 4; proto = 5; state = 6;
-# src_port = 7; src_addr = 11 (repeated u32, the address's bytes as CRIU's memory holds them)}
+# src_port = 7; dst_port = 8; src_addr = 11 (repeated u32, the address's bytes as CRIU's memory
+# holds them)}; TCP states as Linux numbers them
 _ISK_FAMILY, _ISK_TYPE, _ISK_STATE, _ISK_SRC_PORT, _ISK_SRC_ADDR = 3, 4, 6, 7, 11
-_TCP_LISTEN = 10
+_ISK_DST_PORT = 8
+_TCP_LISTEN, _TCP_ESTABLISHED = 10, 1
 
 
 class ImageEditError(BackendError):
@@ -152,6 +154,38 @@ def listeners(images: Path) -> tuple[Listener, ...]:
     return tuple(f for f in found if f is not None)
 
 
+@frozen
+class Connection:
+    """An established TCP connection of an image, by its local end (what a second restore of
+    the image on this host's network would have to take again)."""
+
+    family: int
+    address: str
+    port: int
+    peer_port: int
+
+
+def established(images: Path) -> tuple[Connection, ...]:
+    """The established TCP connections in the image under `images`. CRIU restores each by
+    binding its local address and port and connecting to its peer again, which fails while
+    another socket on this network holds that connection (a restore of the same image)."""
+    path, _, entries = _read(images)
+    found = []
+    try:
+        for *_, isk in _sockets(entries):
+            family, kind = _first(isk, _ISK_FAMILY), _first(isk, _ISK_TYPE)
+            if family not in (socket.AF_INET, socket.AF_INET6) or kind != socket.SOCK_STREAM:
+                continue
+            if _first(isk, _ISK_STATE) != _TCP_ESTABLISHED:
+                continue
+            address = _address(int(family), _ints(isk, _ISK_SRC_ADDR))
+            port, peer = _first(isk, _ISK_SRC_PORT), _first(isk, _ISK_DST_PORT)
+            found.append(Connection(int(family), address, int(port or 0), int(peer or 0)))
+    except ValueError as exc:
+        raise ImageEditError(f"{path}: an inet socket entry is not protobuf: {exc}") from None
+    return tuple(found)
+
+
 def _ipv4_words(host: str) -> list[int]:
     try:
         address = ipaddress.ip_address("127.0.0.1" if host == "localhost" else host)
@@ -218,6 +252,7 @@ def dial_host(host: str) -> str:
 
 __all__ = [
     "FILES_IMAGE",
+    "Connection",
     "ImageEditError",
     "Listener",
     "PortInUse",
@@ -226,6 +261,7 @@ __all__ = [
     "dial_host",
     "encode_message",
     "encode_varint",
+    "established",
     "join_image",
     "listeners",
     "rebind",

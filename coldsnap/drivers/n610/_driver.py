@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+import psutil
+
 from coldsnap.backends import Criu, PidCollision
-from coldsnap.backends.inet import check_port_free, dial_host, rebind
+from coldsnap.backends.inet import check_port_free, dial_host, established, rebind
 from coldsnap.backends.procs import kill_tree, tree_pids
 from coldsnap.machine import ComponentError, Launcher, Skipped, StepContext, launch_weights
 
@@ -208,6 +210,13 @@ class N610Driver:
         images = Path(ctx.facts["image_dir"])
         capsule = ctx.facts["capsule"]
         request = ctx.request
+        if self.restore_pid_namespace and (held := held_connections(images)):
+            raise DriverError(
+                "this capsule's processes hold established TCP connections that a running "
+                f"restore of it holds on this host's network too ({', '.join(held)}); CRIU "
+                "cannot restore one connection twice on one network, so a replica of it "
+                "serves on another host"
+            )
         url = serve_on(
             images, capsule["engine_url"], getattr(request, "port", None),
             getattr(request, "host", None),
@@ -252,6 +261,17 @@ class N610Driver:
 
     def resume_processes(self, ctx: StepContext) -> None:
         self.processes.resume(ctx.facts["engine_pid"])
+
+
+def held_connections(images: Path) -> list[str]:
+    """The local ends (address:port) of the image's established TCP connections that a socket
+    on this host holds now: a replica's restore would fail on each in CRIU."""
+    held = {
+        (conn.laddr.ip, conn.laddr.port)
+        for conn in psutil.net_connections("tcp")
+        if conn.status == psutil.CONN_ESTABLISHED and conn.laddr
+    }
+    return [f"{c.address}:{c.port}" for c in established(images) if (c.address, c.port) in held]
 
 
 def other_pid_namespace(pid: int) -> bool:
