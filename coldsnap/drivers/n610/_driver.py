@@ -210,12 +210,18 @@ class N610Driver:
         images = Path(ctx.facts["image_dir"])
         capsule = ctx.facts["capsule"]
         request = ctx.request
-        if self.restore_pid_namespace and (held := held_connections(images)):
+        if self.restore_pid_namespace and (connections := established(images)):
+            # Refused whether or not another restore holds them now: alone, a replica has
+            # nothing to serve beside, and an engine may check its processes by the PIDs the
+            # image names (SGLang's ranks do), which in a namespace of its own the host lacks.
+            ends = ", ".join(f"{c.address}:{c.port}" for c in connections)
+            held = ", ".join(held_connections(images)) or "none"
             raise DriverError(
-                "this capsule's processes hold established TCP connections that a running "
-                f"restore of it holds on this host's network too ({', '.join(held)}); CRIU "
-                "cannot restore one connection twice on one network, so a replica of it "
-                "serves on another host"
+                f"this capsule's processes hold established TCP connections ({ends}; held on "
+                f"this host now: {held}), which CRIU connects again from the same local "
+                "address and port: a replica of it cannot restore beside another restore of it "
+                "on this host's network. Restore it without --replica: on another host, or "
+                "here once no restore of it runs"
             )
         url = serve_on(
             images, capsule["engine_url"], getattr(request, "port", None),
