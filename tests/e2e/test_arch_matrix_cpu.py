@@ -45,8 +45,7 @@ pytestmark = [
 # the last two with its Llama model) and are left to the GPU matrix to keep `make test` within
 # its time (each architecture here is a server start, about 35 s on two cores); Qwen2-MoE
 # does not serve on CPU: SGLang's shared-expert gate runs a Triton kernel at the first forward.
-ARCHS = {
-    "llama": ("llama", False),
+ARCHS = {  # untied Llama, n610 native: tests/e2e/test_sglang_e2e.py, the same capture and restore
     "llama-tied": ("llama", True),
     "qwen2": ("qwen2", None),
     "qwen3": ("qwen3", None),
