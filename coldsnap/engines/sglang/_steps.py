@@ -54,6 +54,7 @@ from ._ranks import (
     absent_ranks,
     census,
     extra_ranks,
+    rank_names,
     read_ranks,
     scheduler_statuses,
 )
@@ -76,8 +77,10 @@ class SGLangEngine(SGLangCommandLine):
     rank_reports: capability `rank_reports`: the plugin in each scheduler reports its rank
         (status records), so release_memory counts the ranks (as many as the request's tp, each
         with this release), and the specs' rank steps run: `ranks_present` before a restored
-        tree runs, `tp_barrier` once every rank must have resumed (or started). An engine that
-        writes no such records (the tests' toy engine) leaves it off.
+        tree runs, `tp_barrier` once every rank must have resumed (or started). Each rank's
+        record also carries the graph shapes it calibrated, so a capture refuses, before
+        releasing, unless every rank published the same ones. An engine that writes no such
+        records (the tests' toy engine) leaves it off.
     graphs: capability `cuda_graphs`, which selects the specs' graph steps (destroy_graphs, with
         recapture_graphs as its undo, and the graph tag in resume_rest). Releasing the
         `cuda_graph` tag frees graph memory only when SGLang captures its graphs in the memory
@@ -208,7 +211,8 @@ class SGLangEngine(SGLangCommandLine):
         runtime_dir = Path(ctx.facts[s.RUNTIME_DIR.name])
         started = time.time()
         tp = int(getattr(ctx.request, "tp", None) or 1)
-        coverage = _shape_coverage(runtime_dir)  # a failed calibration refuses, nothing released
+        # a calibration failed, missing or not agreed refuses here, before anything is released
+        coverage = _shape_coverage(runtime_dir, tp, required=self.rank_reports)
         with self._client(ctx) as client:
             _release_all(client, runtime_dir, tp, ctx.facts[s.ENGINE_PID.name], "release_memory")
         pids = _check_rank_count(runtime_dir, tp, started) if self.rank_reports else {}
@@ -535,33 +539,47 @@ def _release_all(client: EngineClient, runtime_dir: Path, tp: int, pid: int, ste
         raise EngineError(step, f"{exc}{census(runtime_dir, tp, pid)}") from exc
 
 
-def _shape_coverage(runtime_dir: Path) -> dict[str, Any] | None:
+def _shape_coverage(runtime_dir: Path, tp: int, *, required: bool) -> dict[str, Any] | None:
     """The graph shapes the schedulers published (coldsnap.plugin._shapes), the same on every
-    rank, or None when none published any. Raises EngineError naming each rank whose
-    calibration failed (its plan unrecognised, or its warmed shapes not the plan), and when the
-    ranks disagree or only some published one."""
+    rank, or None when none published any and none was `required`.
+
+    `required` (an engine whose plugin runs in every scheduler, `rank_reports`): each of the
+    request's `tp` ranks must have published one, since a capture always asks for them
+    (coldsnap_env) and a capsule sealed without them would bind no shapes at all. Raises
+    EngineError naming each rank whose calibration failed (its plan unrecognised, or its
+    warmed shapes not the plan), each rank that published none while it was required or
+    while others did, and, when the ranks disagree, which ranks published which shapes."""
     records = scheduler_records(runtime_dir)
+    names = rank_names(tp) if required else sorted(records)
     published: dict[str, Any] = {}
     failed: list[str] = []
-    for name, status in records.items():
-        calibration = status.shape_calibration
+    silent: list[str] = []
+    for name in names:
+        status = records.get(name)
+        calibration = status.shape_calibration if status is not None else None
         if calibration is None:
-            continue
-        if calibration.get("outcome") != "ok":
+            silent.append(name if status is not None else f"{name} (no status record)")
+        elif calibration.get("outcome") != "ok":
             failed.append(f"{name}: {calibration.get('error')}")
+        elif calibration.get("coverage") is None:
+            failed.append(f"{name}: its calibration record holds no coverage")
         else:
-            published[name] = calibration.get("coverage")
+            published[name] = calibration["coverage"]
     if failed:
         raise EngineError("release_memory", "shape calibration failed: " + "; ".join(failed))
-    if published and len(published) != len(records):
-        missing = sorted(set(records) - set(published))
+    if silent and (required or published):
         raise EngineError(
-            "release_memory", f"no shape calibration published by {', '.join(missing)}"
+            "release_memory",
+            f"no shape calibration published by {', '.join(silent)}: the capsule would bind no "
+            "graph shapes for it, so nothing is released or sealed",
         )
-    distinct = {json.dumps(c, sort_keys=True) for c in published.values()}
-    if len(distinct) > 1:
+    by_shapes: dict[str, list[str]] = {}
+    for name, coverage in published.items():
+        by_shapes.setdefault(json.dumps(coverage, sort_keys=True), []).append(name)
+    if len(by_shapes) > 1:
+        parts = [f"{' and '.join(ranks)}: {shapes}" for shapes, ranks in by_shapes.items()]
         raise EngineError(
-            "release_memory", f"the ranks published different graph shapes: {published}"
+            "release_memory", "the ranks published different graph shapes: " + "; ".join(parts)
         )
     return next(iter(published.values()), None)
 
