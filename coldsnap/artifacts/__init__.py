@@ -35,7 +35,7 @@ from ._identity import (
     SnapshotDriver,
     Topology,
 )
-from ._names import DIGEST_PREFIX, digest_problem, member_name_problem
+from ._names import DIGEST_PREFIX, digest_problem, member_name_problem, tag_problem
 from ._nodememo import Stamp, read_record, settled, write_record
 from ._store import GcReport, ObjectWriter, Removed, Store, Tally, VerifyReport
 
@@ -84,6 +84,7 @@ __all__ = [
     "sha256_fd",
     "sha256_file",
     "sha256_range",
+    "tag_problem",
     "to_json",
     "tree_digest",
     "validate",

@@ -145,6 +145,11 @@ class ObjectWriter:
         self._install(self._tmp, digest)
         return digest
 
+    @property
+    def path(self) -> Path:
+        """The temporary file (where a staged writer's commit leaves it: `Store.staging`)."""
+        return self._tmp
+
     def abort(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
@@ -268,6 +273,25 @@ class Store:
 
     def writer(self) -> ObjectWriter:
         return self._temporary(self._install)
+
+    def staging(self) -> ObjectWriter:
+        """A writer whose commit fsyncs its file and returns the digest but leaves the file in
+        tmp/ (`writer.path`), not yet an object: for a caller that must check several objects
+        before any of them may be in the store (a pull). `install_staged` puts it in place;
+        `abort()` removes it; one a crash leaves is gc's, as every temporary of the store."""
+        return self._temporary(lambda tmp, digest: None)
+
+    def install_staged(self, writer: ObjectWriter, digest: str) -> bool:
+        """Installs the committed file of a `staging` writer as `digest` (what its commit
+        returned); whether its inode became the object (False when an equal object was there
+        already: that one is kept, as for every writer)."""
+        tmp = writer.path
+        if tmp.parent != self.root / "tmp":
+            raise StoreError(f"{tmp} is not a temporary file of the store {self.root}")
+        hashed = os.lstat(tmp)
+        self._install(tmp, digest)
+        now = os.lstat(self._object_path(digest))
+        return (now.st_dev, now.st_ino) == (hashed.st_dev, hashed.st_ino)
 
     def put_bytes(self, data: bytes | bytearray | memoryview) -> str:
         with self.writer() as w:

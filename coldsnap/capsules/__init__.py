@@ -11,6 +11,7 @@ from coldsnap.machine import Engine, Registry
 
 from ._record import RECORD_NAME, CaptureRecord, read_record
 from ._steps import StoreArtifacts, carried_facts
+from ._verified import VerifiedObjects
 
 
 def build(request: Any, engine: Engine) -> StoreArtifacts:
@@ -30,6 +31,7 @@ __all__ = [
     "RECORD_NAME",
     "CaptureRecord",
     "StoreArtifacts",
+    "VerifiedObjects",
     "build",
     "carried_facts",
     "read_record",

@@ -1,7 +1,8 @@
 """Commands: capture, restore, resume, plan, docs, demo, doctor, ls, show, rm, gc, status, logs,
-stop, sleep, wake, schema. Parsing is click's; the work is the Machine's, over the components the
-registry builds for each request (doctor checks the host; ls, show, rm and gc read the store;
-status, logs, stop, sleep and wake act on what a restore left serving)."""
+stop, sleep, wake, schema, push, pull. Parsing is click's; the work is the Machine's, over the
+components the registry builds for each request (doctor checks the host; ls, show, rm and gc read
+the store; status, logs, stop, sleep and wake act on what a restore left serving; push and pull
+move capsules between a store and an OCI registry)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ COMMANDS = {
     "wake": "._lifecycle:wake",
     "schema": "._lifecycle:schema",
     "logs": "._logs:logs",
+    "push": "._push_pull:push",
+    "pull": "._push_pull:pull",
 }
 """The commands defined in other modules, each imported when it is run (or listed by --help):
 a command pays for its own module, not for every command's (doctor, the store commands)."""
