@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up: a venv under the repo with coldsnap and its pinned dependencies.
 # Re-running does nothing when the inputs (pyproject, constraints, requirements) are unchanged.
-# Usage: scripts/setup.sh [base|sglang|sglang-0517|cpu-torchvision|criu|all]   (default: all)
+# Usage: scripts/setup.sh [base|sglang|sglang-0517|cpu-torchvision|criu|registry|all]  (default: all)
 # sglang-0517: SGLang 0.5.17 as an overlay directory ($VENV/sglang-0.5.17) for the CPU tests of
 # the plugin across releases (coldsnap.testing.sglang_cpu, release="0.5.17").
 set -euo pipefail
@@ -72,13 +72,21 @@ setup_criu() {
   if [ -x scripts/setup-criu.sh ]; then scripts/setup-criu.sh; fi
 }
 
+# The OCI registry the push/pull tests start on a free port (Debian's CNCF distribution
+# registry); skipped when present, or without root (those tests then skip, saying why).
+setup_registry() {
+  command -v docker-registry >/dev/null || [ "$(id -u)" != 0 ] || { apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry; } </dev/null
+}
+
 case "$what" in
   base) setup_base ;;
   sglang) setup_base; setup_sglang; setup_cpu_torchvision ;;
   sglang-0517) setup_base; setup_sglang; setup_cpu_torchvision; setup_sglang_0517 ;;
   cpu-torchvision) setup_cpu_torchvision ;;
   criu) setup_criu ;;
-  all) setup_base; setup_sglang; setup_cpu_torchvision; setup_sglang_0517; setup_criu ;;
-  *) echo "setup: unknown target '$what' (base, sglang, sglang-0517, cpu-torchvision, criu, all)" >&2
+  registry) setup_registry ;;
+  all) setup_base; setup_sglang; setup_cpu_torchvision; setup_sglang_0517; setup_criu; setup_registry ;;
+  *) echo "setup: unknown target '$what' (base, sglang, sglang-0517, cpu-torchvision, criu, registry, all)" >&2
      exit 2 ;;
 esac
