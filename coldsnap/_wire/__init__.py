@@ -8,7 +8,9 @@ imports nothing heavy (attrs and coldsnap's leaves only).
   writes it with `write_plan` before it asks SGLang to resume the weights, the plugin reads it
   with `read_plan`);
 - the status record the plugin keeps per process (`status_path`), read as one typed record
-  (`ProcessStatus`, `read_status`) with a scheduler's release report and its rank resume.
+  (`ProcessStatus`, `read_status`) with a scheduler's release report and its rank resume;
+- the engine's API key (`write_key`, `read_key`: a 0600 file in the runtime directory, which the
+  plugin checks requests against).
 
 Every record on disk carries `format` and `kind`; writes are atomic (temporary file, fsync,
 rename).
@@ -28,6 +30,7 @@ from ._env import (
     load_settings,
     unknown_variables,
 )
+from ._key import KEY_FILE, ApiKey, KeyFileError, key_path, read_key, write_key
 from ._plan import (
     CHECKPOINT_SOURCE,
     CUDA_GRAPH,
@@ -73,6 +76,7 @@ __all__ = [
     "FLAG_FALSE",
     "FLAG_TRUE",
     "FLAG_VALUES",
+    "KEY_FILE",
     "KV_CACHE",
     "LIVE_BACKINGS",
     "MEMORY_TAGS",
@@ -90,8 +94,10 @@ __all__ = [
     "STATUS_KIND",
     "VARIABLES",
     "WEIGHTS",
+    "ApiKey",
     "EngineSettings",
     "FlagError",
+    "KeyFileError",
     "PlanError",
     "ProcessStatus",
     "RankResume",
@@ -100,14 +106,17 @@ __all__ = [
     "SettingsError",
     "StatusError",
     "StatusEvent",
+    "key_path",
     "load_settings",
     "parse_flag",
     "parse_status",
     "plan_from",
+    "read_key",
     "read_plan",
     "read_status",
     "read_status_as_written",
     "status_path",
     "unknown_variables",
+    "write_key",
     "write_plan",
 ]

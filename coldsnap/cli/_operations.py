@@ -39,7 +39,7 @@ from ._errors import finish, reported, say
 from ._events import print_json_event
 from ._progress import ENDED, LiveSteps, step_line
 from ._quiet import libraries_to_log
-from ._restore_flags import check_honoured, set_over
+from ._restore_flags import check_honoured, check_key, give_key, set_over, split_key
 from ._signals import interrupts
 
 _TAG = re.compile(r"[^A-Za-z0-9._-]+")
@@ -190,8 +190,10 @@ After `--`, `python -m sglang.launch_server ...` or `sglang serve ...` as you ru
 comes from --model-path, the tensor-parallel size from --tp-size, and every other flag goes to
 the engine as written. coldsnap owns only where the engine listens: it takes out --host and
 --port (the capture serves on 127.0.0.1 at a port it picks) and keeps them in the capsule, where
-a restore serves by default; it says so on stderr. Flags it cannot honour (--api-key, --config,
---dp-size 2, ...) are refused, named. --print-request prints the request file the command line
+a restore serves by default; it says so on stderr. --api-key KEY makes a keyed capsule: the
+captured engine runs with a key of coldsnap's, and each restore is given the key it serves with
+(restore NAME -- --api-key KEY). Flags it cannot honour (--admin-api-key, --config, --dp-size 2,
+...) are refused, named. --print-request prints the request file the command line
 makes and exits; its format is `coldsnap schema capture` (docs/cli.md has examples). --recipe
 reads the request from YAML. With --json, one JSON event per line (docs/cli.md).
 """
@@ -408,6 +410,7 @@ def restore(
 ) -> None:
     with reported(_debug):
         target = _one_source((target,) if target else (), recipe, "NAME or REQUEST_FILE")[0]
+        key: str | None = None  # a request file's restore has its key file in its workdir
         if _is_file(target):
             if given := _given(ctx, *_RESTORE_OPTIONS[:-1]) or (["--"] if engine_args else []):
                 raise click.UsageError(
@@ -422,9 +425,11 @@ def restore(
                                        host=host or request.host,
                                        replica=replica or request.replica)  # fmt: skip
         else:
+            engine_args, key = split_key(engine_args)  # the key never joins the request
             request = _restore_request(
                 target, engine_args, port=port, host=host, replica=replica, **options
             )
+            check_key(request.engine_args, key, request.artifact)
         request, by_default = _listen_default(request)
         if print_request:
             click.echo(request_json(request))
@@ -432,6 +437,8 @@ def restore(
         name = serve_as or _serving.default_name(request.artifact)
         _check_free(name, request.port, request.host, by_default)
         _need_root("restore")
+        if key is not None:
+            give_key(request.workdir, key)
         with (
             _serving.taking(name, Path(request.workdir), request.artifact),  # records it too
             libraries_to_log(request.workdir),

@@ -9,16 +9,25 @@ all; a driver that builds the engine at restore honours what the engine adapter 
 (`engine_args_differences`: flags that change only what the engine reports). Anything else
 would be refused by admission after the workdir and journal exist (IncompatibleArtifact, exit
 3); here it is a bad request (exit 2) naming each flag.
+
+`--api-key KEY` is the one flag whose value never joins the request: the request keeps the
+bare flag (the engine is keyed, which the capsule binds) and the key goes into the restore's
+workdir as a key file (mode 0600) for the engine adapter to hand to the engine
+(coldsnap.engines.sglang._keys). A keyed capsule restored without a key is refused, and so is a
+key for a capsule captured without one.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from coldsnap.engines._args import differences
 from coldsnap.machine import REGISTRY, RequestError
+
+KEY_FLAG = "--api-key"
 
 _RESUMES = "resumes_process"
 _NUMBER = re.compile(r"^-\d")
@@ -47,6 +56,44 @@ def set_over(captured: Sequence[str], given: Sequence[str]) -> tuple[str, ...]:
     return tuple(token for tokens in kept for token in tokens) + tuple(given)
 
 
+def split_key(given: Sequence[str]) -> tuple[tuple[str, ...], str | None]:
+    """The engine flags `given` with `--api-key KEY` (or `--api-key=KEY`) made the bare flag,
+    and the key (None when none is given); RequestError for the flag without a key."""
+    out: list[str] = []
+    key: str | None = None
+    tokens = iter(given)
+    for token in tokens:
+        name, eq, inline = token.partition("=")
+        if name != KEY_FLAG:
+            out.append(token)
+            continue
+        value = inline if eq else next(tokens, None)
+        if not value or value.startswith("-"):
+            raise RequestError([(KEY_FLAG, "needs the key: -- --api-key KEY")])
+        if key is not None and value != key:
+            raise RequestError([(KEY_FLAG, "is given twice with different keys")])
+        key = value
+        if KEY_FLAG not in out:
+            out.append(KEY_FLAG)
+    return tuple(out), key
+
+
+def check_key(engine_args: Sequence[str], key: str | None, artifact: str) -> None:
+    """Refuses (RequestError) a restore of a keyed capsule (its engine arguments name the bare
+    `--api-key`) that is given no key: it would serve nothing, since its engine requires the
+    key this restore hands it."""
+    if KEY_FLAG in engine_args and key is None:
+        raise RequestError([(KEY_FLAG, f"capsule {artifact} was captured with --api-key: give "
+                             "this restore the key it serves with: -- --api-key KEY")])  # fmt: skip
+
+
+def give_key(workdir: str, key: str) -> None:
+    """Writes `key` as the restore's key file in `workdir` (the engine adapter hands it on)."""
+    from coldsnap.engines.sglang import give_key as write  # SGLang's import cost: restores only
+
+    write(Path(workdir), key)
+
+
 def check_honoured(
     engine_adapter: Any, driver: str, captured: Sequence[str], requested: Sequence[str]
 ) -> None:
@@ -60,12 +107,15 @@ def check_honoured(
         why = ("the capsule binds the flags that shape the engine: capture again with this "
                "flag (only flags that change what the engine reports may differ)")  # fmt: skip
         found = engine_adapter.engine_args_differences(captured, requested)
+    unkeyed = ("the capsule was captured without --api-key, so its engine checks no key: "
+               "capture again with --api-key to serve with one")  # fmt: skip
     problems = [
-        (d.field.removeprefix("engine_args "), f"captured {d.expected}, asked {d.found}: {why}")
+        (flag, unkeyed if flag == KEY_FLAG else f"captured {d.expected}, asked {d.found}: {why}")
         for d in found
+        for flag in [d.field.removeprefix("engine_args ")]
     ]
     if problems:
         raise RequestError(problems)
 
 
-__all__ = ["check_honoured", "set_over"]
+__all__ = ["KEY_FLAG", "check_honoured", "check_key", "give_key", "set_over", "split_key"]

@@ -429,6 +429,24 @@ CONTRACTS: tuple[Contract, ...] = (
         kind="source",
         expected=("server_status == ServerStatus.Starting",),
     ),
+    # API key (HTTP process): the key check asks this function about every request, handing it
+    # the key to compare with (coldsnap.plugin._auth answers with the key file's)
+    _c(
+        "api key",
+        f"{SG}.utils.auth.decide_request_auth",
+        "method",
+        "path",
+        "authorization_header",
+        "api_key",
+        "admin_api_key",
+        "auth_level",
+    ),
+    _c(
+        "api key",
+        f"{SG}.utils.auth.add_api_key_middleware",
+        kind="source",
+        expected=("decision = decide_request_auth(", "api_key=self.api_key,"),
+    ),
     # graphs: shape calibration and async decode capture
     _c("cuda graphs", f"{_MR}.init_cuda_graphs", "self", "capture_decode_cuda_graph"),
     _c("cuda graphs", f"{_MR}.init_decode_cuda_graph", "self"),

@@ -19,7 +19,7 @@ from coldsnap._errors import PluginError
 from coldsnap._wire import EngineSettings as Settings
 from coldsnap._wire import SettingsError, load_settings, unknown_variables
 
-from . import _contracts, _cuda_release
+from . import _auth, _contracts, _cuda_release
 from ._gate import HealthGate
 from ._records import StatusFile
 from ._scheduler import SchedulerHooks
@@ -114,7 +114,11 @@ def install(settings: Settings, role: str) -> tuple[str, ...]:
     else:
         STATE.gate = HealthGate(status, settings.runtime_dir)
         targets = STATE.gate.targets()
-    targets = [*targets, *_cuda_release.targets(role, settings, status)]
+    targets = [
+        *targets,
+        *_cuda_release.targets(role, settings, status),
+        *_auth.targets(role, settings.runtime_dir),
+    ]
     for target, kind, hook in targets:
         HookRegistry.register(target, hook, getattr(HookType, kind))
     # Apply now (idempotent for SGLang's own call after all plugins ran) so that we can check

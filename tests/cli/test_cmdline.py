@@ -42,7 +42,7 @@ def test_the_tp_size_becomes_the_request_s_tp(flag: str) -> None:
 @pytest.mark.parametrize(
     ("args", "flag"),
     [
-        (["--api-key", "k"], "--api-key"),
+        (["--admin-api-key", "k"], "--admin-api-key"),
         (["--config", "c.yaml"], "--config"),
         (["--ssl-keyfile=k.pem"], "--ssl-keyfile"),
         (["--skip-tokenizer-init"], "--skip-tokenizer-init"),
@@ -65,8 +65,9 @@ def test_parallel_sizes_of_one_are_honoured() -> None:
 
 def test_every_problem_is_named_at_once() -> None:
     with pytest.raises(CommandLineError) as caught:
-        parse_launch([*LAUNCH, "--api-key", "k", "--dp-size", "2"])
-    assert [f for f, _ in caught.value.problems] == ["--api-key", "--dp-size", "--model-path"]
+        parse_launch([*LAUNCH, "--admin-api-key", "k", "--dp-size", "2"])
+    assert [f for f, _ in caught.value.problems] == ["--admin-api-key", "--dp-size",
+                                                     "--model-path"]  # fmt: skip
 
 
 @pytest.mark.parametrize(

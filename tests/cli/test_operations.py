@@ -65,9 +65,9 @@ def test_capture_options_go_with_a_command_line_only(tmp_path: Path) -> None:
 
 def test_a_refused_flag_is_named_before_anything_starts(tmp_path, model) -> None:
     result = cli("capture", "--store", str(tmp_path / "s"), "--", *LAUNCH, "--model-path",
-                 str(model), "--api-key", "secret")  # fmt: skip
+                 str(model), "--admin-api-key", "secret")  # fmt: skip
     assert result.exit_code == 2
-    assert "cannot capture this command line: --api-key cannot be captured" in result.stderr
+    assert "cannot capture this command line: --admin-api-key cannot be captured" in result.stderr
     assert not (tmp_path / "ops").exists() or not any((tmp_path / "ops").iterdir())
 
 

@@ -107,9 +107,9 @@ def test_the_launcher_refuses_a_flag_coldsnap_cannot_honour(tmp_path) -> None:
         operation="capture",
         model=SimpleNamespace(path="/models/m"),
         tp=None,
-        engine_args=("--api-key", "k"),
+        engine_args=("--admin-api-key", "k"),
     )
-    with pytest.raises(EngineArgsError, match="--api-key cannot be captured"):
+    with pytest.raises(EngineArgsError, match="--admin-api-key cannot be captured"):
         SGLangLauncher().command(
             request, tmp_path, weights=WeightSource(source="checkpoint", checkpoint="/models/m")
         )

@@ -5,8 +5,10 @@ engine adapter (`SGLangEngine`, through `SGLangCommandLine`) and never name a fl
 
 Reading a launch line: coldsnap owns only where the engine listens (`--host` and `--port` are
 taken out and kept in the capsule, where a restore serves unless told otherwise), the
-tensor-parallel size becomes the request's `tp` and the draft model its `draft`; a flag coldsnap
-cannot honour is refused by name, with why; every other flag goes to the engine as written.
+tensor-parallel size becomes the request's `tp` and the draft model its `draft`; `--api-key KEY`
+becomes the bare flag `--api-key` (the key is dropped: the engine is keyed, and each restore is
+given its key, coldsnap.engines.sglang._keys); a flag coldsnap cannot honour is refused by name,
+with why; every other flag goes to the engine as written.
 
 SGLang reads its flags with argparse, which takes any unambiguous prefix of a flag for the flag
 (`--hos` is `--host`), and the user's flags follow coldsnap's own on the engine's command line.
@@ -37,6 +39,7 @@ from coldsnap.artifacts import Difference
 from coldsnap.engines._args import differences
 from coldsnap.machine import CommandLineError, LaunchLine
 
+from ._keys import KEY_FLAG
 from ._options import check_engine_options, options_differences
 
 MODULE = "sglang.launch_server"
@@ -58,11 +61,10 @@ ONE = {
 """Flags coldsnap honours only at their default of 1, with why."""
 REFUSED = {
     "--config": "coldsnap must see every flag (model, host, port): pass them on the command line",
-    "--api-key": (
-        "the key would be captured with the server (its command line, server arguments and "
-        "HTTP middleware are process memory the snapshot holds), and coldsnap's own requests "
-        "to the engine carry no key: capture without it and check keys in front of the engine "
-        "(docs/cli.md, API keys)"
+    "--admin-api-key": (
+        "the admin key would be captured with the server (its command line and server "
+        "arguments are process memory the snapshot holds), and coldsnap hands over only "
+        "--api-key at restore: capture without it (docs/cli.md, API keys)"
     ),
     "--ssl-keyfile": "coldsnap speaks plain HTTP to the engine",
     "--ssl-certfile": "coldsnap speaks plain HTTP to the engine",
@@ -90,11 +92,13 @@ ALLOWED: frozenset[str] = frozenset(
 """Flags that change what an engine reports, never what it computes or how it is laid out."""
 
 _VALUED = (*MODEL_FLAGS, *TP_FLAGS, *OWNED, *DRAFT_PATH_FLAGS, DRAFT_FLAGS[1], *ONE, "--config",
-           "--api-key", "--ssl-keyfile", "--ssl-certfile", "--node-rank", "--dist-init-addr",
-           "--nccl-init-addr")  # fmt: skip
-"""Flags read here that take a value (as `--flag value` or `--flag=value`)."""
+           KEY_FLAG, "--admin-api-key", "--ssl-keyfile", "--ssl-certfile", "--node-rank",
+           "--dist-init-addr", "--nccl-init-addr")  # fmt: skip
+"""Flags read here that take a value (as `--flag value` or `--flag=value`) on a launch line. In a
+request's engine arguments `--api-key` takes none: a request never holds a key."""
+_VALUED_IN_REQUEST = tuple(f for f in _VALUED if f != KEY_FLAG)
 READ: frozenset[str] = frozenset(
-    (*MODEL_FLAGS, *TP_FLAGS, *OWNED, *DRAFT_PATH_FLAGS, DRAFT_FLAGS[1], *ONE, *REFUSED)
+    (*MODEL_FLAGS, *TP_FLAGS, *OWNED, *DRAFT_PATH_FLAGS, DRAFT_FLAGS[1], *ONE, *REFUSED, KEY_FLAG)
 )
 """Every flag coldsnap reads, sets or refuses: each must be written in full."""
 _PYTHON = re.compile(r"^python(3(\.\d+)?)?$")
@@ -103,15 +107,17 @@ _PYTHON = re.compile(r"^python(3(\.\d+)?)?$")
 # -- reading a launch command line ------------------------------------------------------------
 
 
-def _flags(argv: Sequence[str]) -> list[tuple[str, str | None, list[str]]]:
+def _flags(
+    argv: Sequence[str], valued: Sequence[str] = _VALUED
+) -> list[tuple[str, str | None, list[str]]]:
     """(flag, its value or None, the tokens it took) for each flag; a bare token that follows
-    no valued flag comes back as ('', token, [token])."""
+    no flag of `valued` comes back as ('', token, [token])."""
     out: list[tuple[str, str | None, list[str]]] = []
     i = 0
     while i < len(argv):
         token = argv[i]
         name, eq, inline = token.partition("=")
-        if token.startswith("--") and name in _VALUED:
+        if token.startswith("--") and name in valued:
             if eq:
                 out.append((name, inline, [token]))
                 i += 1
@@ -188,6 +194,8 @@ def parse_command_line(argv: Sequence[str]) -> LaunchLine:
             draft[DRAFT_FLAGS[0]] = value
         elif flag == DRAFT_FLAGS[1]:
             draft[flag] = value
+        elif flag == KEY_FLAG:
+            kept.append(KEY_FLAG)  # keyed; the key itself is never captured nor kept
         elif flag in REFUSED:
             problems.append((flag, f"cannot be captured: {REFUSED[flag]}"))
         elif flag in ONE and _int(flag, value or "") != 1:
@@ -226,9 +234,15 @@ def check_engine_args(args: Sequence[str]) -> list[tuple[str, str]]:
     itself (where the engine listens), takes from another request field (the tensor-parallel
     size, the draft model), or cannot honour; empty when every flag may go to the engine."""
     problems: list[tuple[str, str]] = []
-    for flag, value, _tokens in _flags(list(args)):
+    flags = _flags(list(args), _VALUED_IN_REQUEST)
+    for at, (flag, value, tokens) in enumerate(flags):
+        follows = flags[at + 1] if at + 1 < len(flags) else None
         if (why := abbreviation_problem(flag)) is not None:
             problems.append(("engine_args", f"{flag} {why}"))
+        elif flag == KEY_FLAG and (tokens[0] != KEY_FLAG or (follows and not follows[0])):
+            problems.append(("engine_args", f"{KEY_FLAG} takes no value in a request: it says "
+                             "the engine is keyed, and the key is given to each restore apart "
+                             "from its request (docs/cli.md, API keys)"))  # fmt: skip
         elif flag in OWNED:
             problems.append(("engine_args", f"{flag} is coldsnap's to set (the request's host "
                              "and port say where the engine listens)"))  # fmt: skip

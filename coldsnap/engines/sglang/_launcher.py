@@ -26,6 +26,7 @@ from coldsnap._wire import EngineSettings
 from coldsnap.machine import LaunchCommand, WeightSource, WeightSourceError
 
 from ._cmdline import TP_FLAGS, EngineArgsError, check_engine_args
+from ._keys import engine_argv, launch_key
 from ._options import GRAPH_SAVER_ENV, SETTINGS_FIELDS, SGLangOptions
 
 RUNTIME_ROOT = ENGINES_ROOT
@@ -275,6 +276,7 @@ class SGLangLauncher:
             argv += ["--load-format", "dummy"]
         if restoring and self.module == SGLangLauncher.module:
             argv += [a for a in self.restore_args if a not in argv]
+        argv = engine_argv(argv, launch_key(request, runtime_dir))  # a keyed engine: its key
         env = {GRAPH_SAVER_ENV: "0", **self.base_env, **tp_env,
                **coldsnap_env(request, weights, runtime_dir, self.options)}  # fmt: skip
         dial = "127.0.0.1" if host in ("0.0.0.0", "localhost") else host  # a wildcard bind

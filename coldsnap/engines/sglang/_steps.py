@@ -46,6 +46,8 @@ from coldsnap.machine import steps as s
 
 from ._build import installed_sglang, recorded_sglang
 from ._cmdline import SGLangCommandLine, refused_line
+from ._keys import hand_over as hand_over_key
+from ._keys import headers as key_headers
 from ._launcher import export_dir
 from ._options import GRAPH_SAVER_ENV
 from ._policy import SGLANG_POLICY
@@ -129,7 +131,9 @@ class SGLangEngine(SGLangCommandLine):
         return self._identity()
 
     def _client(self, ctx: StepContext) -> EngineClient:
-        return EngineClient(ctx.facts[s.ENGINE_URL.name], self.policy, transport=self._transport)
+        """A client of this operation's engine, carrying its API key where it is keyed."""
+        return EngineClient(ctx.facts[s.ENGINE_URL.name], self.policy, transport=self._transport,
+                            headers=key_headers(ctx.request))  # fmt: skip
 
     # -- health and acceptance ----------------------------------------------------------------
 
@@ -266,6 +270,8 @@ class SGLangEngine(SGLangCommandLine):
         source = dict(ctx.facts[s.WEIGHT_SOURCE.name])
         if isinstance(ctx.request, LifecycleRequest):
             source["preverified"] = False
+        else:  # a resumed keyed engine requires this restore's key from now on
+            hand_over_key(ctx.request, Path(ctx.facts[s.RUNTIME_DIR.name]))
         seed = self._write_plan(ctx, source)
         with self._client(ctx) as client, self._naming_ranks(ctx, "resume_weights"):
             client.resume([WEIGHTS])

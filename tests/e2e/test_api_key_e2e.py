@@ -1,0 +1,127 @@
+"""A keyed SGLang server captured and restored from the command line, once per driver: the
+capture is given `--api-key`, each restore `-- --api-key KEY` (another key). Neither key is in
+any file of the store (the throw-away key coldsnap started the captured engine with may be:
+n610's image holds that process's memory); the restored server refuses a request without a
+key, with the throw-away key, with the capture's key and with a wrong key, and answers with the
+restore's key (its health stays open: coldsnap's readiness probes carry none); no process of
+the restored tree has the restore's key in its command line or environment. n610 resumes the
+captured process (the plugin swaps the key), n580 builds the engine at restore (it is started
+with the key)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from coldsnap.machine import JOURNAL_NAME, read_journal
+from tests._support import free_port
+
+from .conftest import PRISTINE_ENV
+
+pytestmark = [
+    pytest.mark.criu,
+    pytest.mark.sglang,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("host"),
+]
+MARKER = "COLDSNAP_E2E_TEST_MARKER"
+
+
+def _cli(*args: str, marker: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "coldsnap.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        env={**PRISTINE_ENV, MARKER: marker, **env},
+    )
+
+
+def _marked(marker: str) -> list[int]:
+    found = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        if proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        with contextlib.suppress(psutil.Error, OSError):
+            if proc.environ().get(MARKER) == marker:
+                found.append(proc.info["pid"])
+    return found
+
+
+def _files_holding(root: Path, needle: bytes) -> list[str]:
+    return [str(p) for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
+
+
+def _status(url: str, path: str, key: str | None) -> int:
+    headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+    if path == "/generate":
+        body = {"text": "hello", "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+        return httpx.post(url + path, json=body, headers=headers, timeout=60).status_code
+    return httpx.get(url + path, headers=headers, timeout=60).status_code
+
+
+@pytest.mark.parametrize("driver", ["n610", "n580"])
+def test_a_keyed_server_is_captured_and_restored_and_the_key_is_in_no_capsule_file(
+    driver: str, tiny_llama: Path, tmp_path: Path
+) -> None:
+    marker, store = uuid.uuid4().hex, tmp_path / "store"
+    env = {"COLDSNAP_SERVING_DIR": str(tmp_path / "serving")}
+    captured_key, restore_key = secrets.token_hex(16), secrets.token_hex(16)
+    launch = ["python", "-m", "sglang.launch_server", "--model-path", str(tiny_llama),
+              "--api-key", captured_key]  # fmt: skip
+    port = free_port()
+    try:
+        done = _cli("capture", "--name", "keyed", "--driver", driver, "--store", str(store),
+                    "--workdir", str(tmp_path / "capture"), "--", *launch, marker=marker,
+                    env=env)  # fmt: skip
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+        request = read_journal(tmp_path / "capture" / JOURNAL_NAME)[0].request or {}
+        assert request["engine_args"].count("--api-key") == 1, request
+        throwaway = json.loads((tmp_path / "capture" / "api-key").read_text())["key"]
+
+        unkeyed = _cli("restore", "keyed", "--store", str(store), "--port", str(port),
+                       "--model-path", str(tiny_llama), marker=marker, env=env)  # fmt: skip
+        assert unkeyed.returncode == 2, unkeyed.stderr
+        assert "was captured with --api-key" in unkeyed.stderr
+
+        restored = _cli("restore", "keyed", "--store", str(store), "--port", str(port),
+                        "--model-path", str(tiny_llama), "--workdir", str(tmp_path / "restore"),
+                        "--", "--api-key", restore_key, marker=marker, env=env)  # fmt: skip
+        assert restored.returncode == 0, restored.stdout[-4000:] + restored.stderr[-2000:]
+        url = f"http://127.0.0.1:{port}"
+        for path in ("/generate", "/v1/models"):
+            assert _status(url, path, None) == 401, path
+            assert _status(url, path, throwaway) == 401, path
+            assert _status(url, path, captured_key) == 401, path
+            assert _status(url, path, restore_key + "x") == 401, path
+            assert _status(url, path, restore_key) == 200, path
+        assert _status(url, "/health", None) == 200
+
+        for key in (captured_key, restore_key):  # the throw-away may be: n610 dumps its process
+            assert not _files_holding(store, key.encode()), "a given key is in the store"
+        assert not _files_holding(tmp_path / "capture", captured_key.encode())
+        for pid in _marked(marker):
+            proc = psutil.Process(pid)
+            with contextlib.suppress(psutil.Error):
+                assert restore_key not in " ".join(proc.cmdline())
+                assert restore_key not in json.dumps(proc.environ())
+
+        stopped = _cli("stop", "keyed", marker=marker, env=env)
+        assert stopped.returncode == 0, stopped.stderr
+    finally:
+        for pid in _marked(marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(store, ignore_errors=True)
