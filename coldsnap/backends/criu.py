@@ -49,6 +49,7 @@ from ._stdio import read_stdio_paths
 
 MINIMUM_VERSION = (4, 2)
 DEFAULT_BINARIES = ("/usr/local/sbin/criu",)
+_NS_CHILD = Path(__file__).with_name("_ns_child.py")
 DUMP_LOG = "dump.log"
 RESTORE_LOG = "restore.log"
 # One restore at a time puts files back at their shared paths and runs CRIU on them.
@@ -295,6 +296,8 @@ class Criu:
         stopped: bool = False,
         pidfile: str | os.PathLike[str] | None = None,
         new_pid_namespace: bool = False,
+        new_net_namespace: bool = False,
+        binds: Sequence[tuple[str, str]] = (),
         tcp_established: bool = True,
         file_locks: bool = True,
         output: str | os.PathLike[str] | None = None,
@@ -312,6 +315,12 @@ class Criu:
           namespace ends when it does), so the image's PIDs need not be free here and the
           original may still run. An image whose tree had its own PID namespace (launched with
           new_pid_namespace) always restores into a new one: its PIDs never collide.
+        - `new_net_namespace` (with a new PID namespace, which it implies): the tree also gets a
+          network namespace of its own, loopback up, so the TCP connections between its
+          processes are connected again there while another restore of the image holds the
+          same ones on this host. Nothing outside reaches its listening sockets: see
+          coldsnap.backends.forward. `binds` (SOURCE, TARGET) directories are bind-mounted in
+          the tree's own mount namespace before CRIU runs: its processes see SOURCE at TARGET.
         - `output`: a file (opened for appending, created if missing) that takes the place of
           the regular files the root had as stdout and stderr at dump, in every process of the
           tree that holds them (CRIU's --inherit-fd matches by path). The dump-time log, and
@@ -329,7 +338,14 @@ class Criu:
         manifest = _read_manifest(images)
         tasks = read_pstree(images)
         own_ns = tasks[0].pid == 1
-        new_pid_namespace = new_pid_namespace and not own_ns  # CRIU makes one for such images
+        if binds and not new_net_namespace:
+            raise BackendArgumentError("binds: only a restore into new namespaces takes them")
+        if new_net_namespace and own_ns:
+            raise BackendArgumentError(
+                "new_net_namespace: this image's tree had a PID namespace of its own, which "
+                "CRIU makes again itself"
+            )
+        new_pid_namespace = (new_pid_namespace or new_net_namespace) and not own_ns
         attached = new_pid_namespace or not detached
         if pidfile is not None and Path(pidfile).exists():
             raise BackendArgumentError(
@@ -379,8 +395,9 @@ class Criu:
             try:
                 if attached:
                     criu_pid, root = self._restore_attached(
-                        args, work, log_path, tasks[0].pid, new_pid_namespace, timeout, pass_fds
-                    )
+                        args, work, log_path, tasks[0].pid, new_pid_namespace, timeout, pass_fds,
+                        net=new_net_namespace, binds=binds,
+                    )  # fmt: skip
                 else:
                     self._run("restore", args, log_path, timeout, pass_fds)
                     criu_pid, root = None, _read_pidfile(pid_path, log_path)
@@ -468,8 +485,13 @@ class Criu:
         new_pid_namespace: bool,
         timeout: float | None,
         pass_fds: Sequence[int] = (),
+        *,
+        net: bool = False,
+        binds: Sequence[tuple[str, str]] = (),
     ) -> tuple[int, int]:
-        """Starts CRIU that stays as the tree's parent; waits for its post-resume hook."""
+        """Starts CRIU that stays as the tree's parent; waits for its post-resume hook. What
+        the namespace helper says when it fails (before CRIU runs, so before its log) is kept
+        in the work dir and named in the error."""
         marker = work / "resumed"
         tmp = shlex.quote(f"{marker}.tmp")
         hook = _write_hook(
@@ -485,26 +507,36 @@ class Criu:
             unshare = shutil.which("unshare")
             if unshare is None:
                 raise CriuUnavailable("restore", "new_pid_namespace needs util-linux's `unshare`")
-            command = [unshare, "--pid", "--fork", "--mount-proc", *command]
-        popen = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            close_fds=True,
-            pass_fds=tuple(pass_fds),
-            start_new_session=True,
-        )
+            if net:
+                helper = [sys.executable, "-E", "-s", "-S", str(_NS_CHILD)]
+                for source, target in binds:
+                    helper += ["--bind", f"{source}:{target}"]
+                command = [*helper, "--", *command]
+            namespaces = ["--net"] if net else []
+            command = [unshare, "--pid", *namespaces, "--fork", "--mount-proc", *command]
+        stderr_path = work / "namespaces.err"
+        with open(stderr_path, "ab") as stderr:
+            popen = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                close_fds=True,
+                pass_fds=tuple(pass_fds),
+                start_new_session=True,
+            )
         deadline = time.monotonic() + (timeout if timeout is not None else float("inf"))
         while not marker.exists():
             if popen.poll() is not None:
+                said = stderr_path.read_text(errors="replace").strip()
                 raise CriuError(
                     "restore",
                     f"exited with {popen.returncode}",
                     log_path=log_path,
-                    first_error=first_error_in(log_path),
+                    first_error=first_error_in(log_path) or first_error(said)
+                    or (said.splitlines() or [None])[-1],
                     returncode=popen.returncode,
-                )
+                )  # fmt: skip
             if time.monotonic() > deadline:
                 procs.stop_tree(popen.pid, 5.0, 9)
                 popen.wait()

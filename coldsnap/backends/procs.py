@@ -190,6 +190,35 @@ def tree_pids(pid: int) -> list[int]:
         return []
 
 
+def host_pid(root: int, pid: int) -> int:
+    """The PID on this host of the process of `root`'s tree that has `pid` in `root`'s PID
+    namespace: a tree restored into a namespace of its own names its processes (in records
+    its processes write, in the image) by PIDs that mean others, or nothing, here. `pid`
+    itself when `root` shares this process's PID namespace or no member of its tree has it
+    (a caller that checks membership then names the stranger)."""
+    try:
+        if os.readlink(f"/proc/{root}/ns/pid") == os.readlink("/proc/self/ns/pid"):
+            return pid
+    except OSError:
+        return pid
+    for member in tree_pids(root):
+        if namespace_pid(member) == pid:
+            return member
+    return pid
+
+
+def namespace_pid(pid: int) -> int | None:
+    """`pid`'s PID in its own (innermost) PID namespace (NSpid's last), or None when gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def stop_tree(pid: int, timeout: float = 10.0, sig: int = signal.SIGTERM) -> int | None:
     """Stops a process tree: `sig` to the root, which gets up to `timeout` to end; the rest of
     the tree then gets a short grace (up to 1 s) to end on its own, as helpers that clean up
