@@ -17,7 +17,7 @@ import pytest
 from coldsnap._wire import ApiKey, KeyFileError, key_path, read_key, write_key
 from coldsnap.engines.sglang import SGLangLauncher
 from coldsnap.engines.sglang._cmdline import check_engine_args, parse_command_line
-from coldsnap.engines.sglang._keys import KeyMissing, give_key, hand_over, headers
+from coldsnap.engines.sglang._keys import KeyConflict, KeyMissing, give_key, hand_over, headers
 from coldsnap.machine import CommandLineError, WeightSource
 
 LAUNCH = ["python", "-m", "sglang.launch_server", "--model-path", "/m"]
@@ -108,7 +108,22 @@ def test_a_resumed_engine_is_handed_the_restore_s_key(tmp_path: Path) -> None:
     give_key(tmp_path / "restore", "the-operator-key")
     runtime = tmp_path / "runtime"
     runtime.mkdir()
-    write_key(runtime, "the-throwaway")
+    hand_over(_request("restore", tmp_path / "restore", "--api-key"), runtime)
+    assert read_key(runtime) == "the-operator-key"
+
+
+def test_a_runtime_dir_keyed_otherwise_is_not_rekeyed(tmp_path: Path) -> None:
+    """A replica shares its runtime directory with the engine restored beside it: a restore
+    given another key is refused rather than changing that serving engine's key; a resumed
+    restore given the same key writes it again."""
+    give_key(tmp_path / "restore", "the-operator-key")
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    write_key(runtime, "the-key-another-restore-serves-with")
+    with pytest.raises(KeyConflict, match="holds another key"):
+        hand_over(_request("restore", tmp_path / "restore", "--api-key"), runtime)
+    assert read_key(runtime) == "the-key-another-restore-serves-with"
+    write_key(runtime, "the-operator-key")
     hand_over(_request("restore", tmp_path / "restore", "--api-key"), runtime)
     assert read_key(runtime) == "the-operator-key"
 

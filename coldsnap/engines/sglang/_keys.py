@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from coldsnap._wire import key_path, read_key, write_key
+from coldsnap._errors import RefusedError
+from coldsnap._wire import KeyFileError, key_path, read_key, write_key
 from coldsnap.machine import RequestError
 
 KEY_FLAG = "--api-key"
@@ -33,6 +34,10 @@ class KeyMissing(RequestError):
         why = (f"{KEY_FLAG}: the engine is keyed and {path} holds no key (a restore is given "
                "one: coldsnap restore NAME -- --api-key KEY)")  # fmt: skip
         super().__init__([("engine_args", why)])
+
+
+class KeyConflict(RefusedError, RuntimeError):
+    """The engine's runtime directory holds another key than the one this restore was given."""
 
 
 def keyed(engine_args: Sequence[str]) -> bool:
@@ -75,9 +80,26 @@ def launch_key(request: Any, runtime_dir: Path) -> list[str]:
 
 def hand_over(request: Any, runtime_dir: Path) -> None:
     """Gives a resumed keyed engine the restore's key (its runtime directory's key file, which
-    the plugin checks every request against); nothing for an engine that is not keyed."""
-    if keyed(request.engine_args):
-        write_key(runtime_dir, _given(request))
+    the plugin checks every request against); nothing for an engine that is not keyed.
+
+    A runtime directory that already holds another key is another engine's too (a replica of
+    the capsule shares it with the restore or the kept source beside it: the path is in the
+    image's environment), and rewriting it would change that serving engine's key: KeyConflict
+    (the key of a resumed restore of this workdir is the same, and is written again)."""
+    if not keyed(request.engine_args):
+        return
+    key = _given(request)
+    try:
+        held = read_key(runtime_dir)
+    except KeyFileError as exc:
+        raise KeyConflict(f"{exc}: the runtime directory of a keyed engine") from None
+    if held is not None and held != key:
+        raise KeyConflict(
+            f"{key_path(runtime_dir)} holds another key: an engine restored from this capsule "
+            "serves beside this one with it (replicas share the runtime directory in their "
+            "image): give this restore the same key, or stop that engine"
+        )
+    write_key(runtime_dir, key)
 
 
 def give_key(workdir: Path, key: str) -> Path:
@@ -103,5 +125,5 @@ def engine_argv(argv: Sequence[str], key_args: Sequence[str]) -> list[str]:
     return out
 
 
-__all__ = ["KEY_FLAG", "KeyMissing", "engine_argv", "give_key", "hand_over", "headers",
-           "key_folder", "keyed", "launch_key", "operation_key"]  # fmt: skip
+__all__ = ["KEY_FLAG", "KeyConflict", "KeyMissing", "engine_argv", "give_key", "hand_over",
+           "headers", "key_folder", "keyed", "launch_key", "operation_key"]  # fmt: skip
