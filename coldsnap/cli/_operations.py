@@ -410,7 +410,7 @@ def restore(
 ) -> None:
     with reported(_debug):
         target = _one_source((target,) if target else (), recipe, "NAME or REQUEST_FILE")[0]
-        key: str | None = None  # a request file's restore has its key file in its workdir
+        key: str | None = None
         if _is_file(target):
             if given := _given(ctx, *_RESTORE_OPTIONS[:-1]) or (["--"] if engine_args else []):
                 raise click.UsageError(
@@ -424,6 +424,9 @@ def restore(
                 request = attrs.evolve(request, port=port or request.port,
                                        host=host or request.host,
                                        replica=replica or request.replica)  # fmt: skip
+            args, key = split_key(request.engine_args, bare=True)  # a key written in the file
+            request = attrs.evolve(request, engine_args=args)  # leaves it as from the command line
+            check_key(request.engine_args, key, request.artifact, request.workdir)
         else:
             engine_args, key = split_key(engine_args)  # the key never joins the request
             request = _restore_request(

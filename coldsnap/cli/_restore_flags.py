@@ -56,35 +56,55 @@ def set_over(captured: Sequence[str], given: Sequence[str]) -> tuple[str, ...]:
     return tuple(token for tokens in kept for token in tokens) + tuple(given)
 
 
-def split_key(given: Sequence[str]) -> tuple[tuple[str, ...], str | None]:
+def split_key(
+    given: Sequence[str], *, bare: bool = False
+) -> tuple[tuple[str, ...], str | None]:
     """The engine flags `given` with `--api-key KEY` (or `--api-key=KEY`) made the bare flag,
-    and the key (None when none is given); RequestError for the flag without a key."""
+    and the key (None when none is given); RequestError for the flag without a key, unless
+    `bare` lets it stand (a request file's engine arguments: its workdir holds the key)."""
     out: list[str] = []
-    key: str | None = None
-    tokens = iter(given)
-    for token in tokens:
-        name, eq, inline = token.partition("=")
+    keys: set[str] = set()
+    tokens = list(given)
+    at = 0
+    while at < len(tokens):
+        name, eq, inline = tokens[at].partition("=")
+        at += 1
         if name != KEY_FLAG:
-            out.append(token)
+            out.append(tokens[at - 1])
             continue
-        value = inline if eq else next(tokens, None)
-        if not value or value.startswith("-"):
+        if eq:
+            value: str | None = inline
+        elif at < len(tokens) and not tokens[at].startswith("-"):
+            value, at = tokens[at], at + 1
+        else:
+            value = None
+        if value:
+            keys.add(value)
+        elif not (bare and not eq):
             raise RequestError([(KEY_FLAG, "needs the key: -- --api-key KEY")])
-        if key is not None and value != key:
-            raise RequestError([(KEY_FLAG, "is given twice with different keys")])
-        key = value
         if KEY_FLAG not in out:
             out.append(KEY_FLAG)
-    return tuple(out), key
+    if len(keys) > 1:
+        raise RequestError([(KEY_FLAG, "is given twice with different keys")])
+    return tuple(out), next(iter(keys), None)
 
 
-def check_key(engine_args: Sequence[str], key: str | None, artifact: str) -> None:
+def check_key(
+    engine_args: Sequence[str], key: str | None, artifact: str, workdir: str | None = None
+) -> None:
     """Refuses (RequestError) a restore of a keyed capsule (its engine arguments name the bare
-    `--api-key`) that is given no key: it would serve nothing, since its engine requires the
-    key this restore hands it."""
-    if KEY_FLAG in engine_args and key is None:
+    `--api-key`) that is given no key, here or as the key file of its `workdir` (a request
+    file's): it would serve nothing, since its engine requires the key this restore hands
+    it."""
+    if KEY_FLAG in engine_args and key is None and not (workdir and _has_key(workdir)):
         raise RequestError([(KEY_FLAG, f"capsule {artifact} was captured with --api-key: give "
                              "this restore the key it serves with: -- --api-key KEY")])  # fmt: skip
+
+
+def _has_key(workdir: str) -> bool:
+    from coldsnap.engines.sglang import given_key
+
+    return given_key(Path(workdir)) is not None
 
 
 def give_key(workdir: str, key: str) -> None:

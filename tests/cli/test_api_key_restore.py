@@ -93,30 +93,74 @@ def test_a_key_for_a_capsule_captured_without_one_is_a_bad_request(store: Path, 
     assert "captured without --api-key" in result.stderr and "k3y" not in result.output
 
 
-def test_the_key_file_is_written_before_the_restore_runs(
-    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """What the restore finds in its workdir when the machine starts (the machine itself is
-    stopped there: it is not what this test checks)."""
+class _Started(Exception):
+    """Raised where the machine would start: what the restore prepared is then checked."""
+
+
+@pytest.fixture
+def started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[tuple[object, str | None]]:
+    """(the request, the key its workdir holds) where each restore's machine would start."""
     from coldsnap import Machine
-    from coldsnap._wire import key_path, read_key
+    from coldsnap._wire import read_key
 
-    workdir = tmp_path / "restore"
-    seen: list[str | None] = []
+    seen: list[tuple[object, str | None]] = []
 
-    class Stop(Exception):
-        pass
-
-    def for_request(*args: object, **kwargs: object) -> object:
-        seen.append(read_key(workdir))
-        raise Stop
+    def for_request(request: object, *args: object, **kwargs: object) -> object:
+        seen.append((request, read_key(Path(request.workdir))))  # type: ignore[attr-defined]
+        raise _Started
 
     monkeypatch.setattr(Machine, "for_request", staticmethod(for_request))
     monkeypatch.setattr("coldsnap.cli._operations._need_root", lambda what: None)
     monkeypatch.setenv("COLDSNAP_SERVING_DIR", str(tmp_path / "serving"))
+    return seen
+
+
+def test_the_key_file_is_written_before_the_restore_runs(
+    store: Path, tmp_path: Path, started: list[tuple[object, str | None]]
+) -> None:
+    from coldsnap._wire import key_path
+
+    workdir = tmp_path / "restore"
     result = cli("restore", "keyed", "--store", str(store), "--workdir", str(workdir), "--",
                  "--api-key", "k3y")  # fmt: skip
-    assert isinstance(result.exception, Stop), result.output
-    assert seen == ["k3y"]
+    assert isinstance(result.exception, _Started), result.output
+    [(request, key)] = started
+    assert key == "k3y" and request.engine_args == ("--dtype", "float32", "--api-key")  # type: ignore[attr-defined]
     assert stat.S_IMODE(key_path(workdir).stat().st_mode) == 0o600
     assert stat.S_IMODE(workdir.stat().st_mode) == 0o700
+
+
+def _request_file(tmp_path: Path, store: Path, *engine_args: str) -> dict[str, object]:
+    return {"kind": "coldsnap.restore-request", "format": 1, "driver": "n610",
+            "provider": "native", "artifact": "keyed", "store": str(store),
+            "workdir": str(tmp_path / "restore"),
+            "engine_args": ["--dtype", "float32", *engine_args]}  # fmt: skip
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_a_request_file_s_key_leaves_the_request_as_on_the_command_line(
+    store: Path, tmp_path: Path, started: list[tuple[object, str | None]], suffix: str
+) -> None:
+    data = _request_file(tmp_path, store, "--api-key", "k3y")
+    path = tmp_path / f"restore{suffix}"
+    path.write_text(json.dumps(data))  # JSON is YAML too
+    result = cli("restore", str(path))
+    assert isinstance(result.exception, _Started), result.output
+    [(request, key)] = started
+    assert key == "k3y" and request.engine_args == ("--dtype", "float32", "--api-key")  # type: ignore[attr-defined]
+
+
+def test_a_request_file_with_the_bare_flag_needs_its_workdir_s_key(
+    store: Path, tmp_path: Path, started: list[tuple[object, str | None]]
+) -> None:
+    from coldsnap._wire import write_key
+
+    path = tmp_path / "restore.json"
+    path.write_text(json.dumps(_request_file(tmp_path, store, "--api-key")))
+    result = cli("restore", str(path))
+    assert result.exit_code == 2 and "was captured with --api-key" in result.stderr, result.output
+    (tmp_path / "restore").mkdir(mode=0o700)
+    write_key(tmp_path / "restore", "k3y")
+    result = cli("restore", str(path))
+    assert isinstance(result.exception, _Started), result.output
+    assert started[0][1] == "k3y"

@@ -17,7 +17,7 @@ from coldsnap.machine import Registry
 from . import cpu
 from ._build import installed_sglang
 from ._cmdline import EngineArgsError, SGLangCommandLine, check_engine_args, parse_command_line
-from ._keys import give_key
+from ._keys import give_key, given_key
 from ._launcher import (
     CUDA_TEMPLATE_PRELOAD,
     RUNTIME_ROOT,
@@ -135,6 +135,7 @@ __all__ = [
     "export_dir",
     "free_port",
     "give_key",
+    "given_key",
     "installed_sglang",
     "parse_command_line",
     "parse_options",

@@ -109,6 +109,11 @@ def give_key(workdir: Path, key: str) -> Path:
     return write_key(Path(workdir), key)
 
 
+def given_key(workdir: Path) -> str | None:
+    """The key a restore whose workdir is `workdir` was given (None: none yet)."""
+    return read_key(Path(workdir))
+
+
 def _given(request: Any) -> str:
     key = operation_key(request)
     if key is None:
@@ -125,5 +130,6 @@ def engine_argv(argv: Sequence[str], key_args: Sequence[str]) -> list[str]:
     return out
 
 
-__all__ = ["KEY_FLAG", "KeyConflict", "KeyMissing", "engine_argv", "give_key", "hand_over",
-           "headers", "key_folder", "keyed", "launch_key", "operation_key"]  # fmt: skip
+__all__ = ["KEY_FLAG", "KeyConflict", "KeyMissing", "engine_argv", "give_key", "given_key",
+           "hand_over", "headers", "key_folder", "keyed", "launch_key",
+           "operation_key"]  # fmt: skip
