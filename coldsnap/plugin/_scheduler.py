@@ -6,12 +6,13 @@ release (KV pause + flush, buffer stash, barrier, weights pause: our adapter ret
 pages), tear down NCCL, status, TP barrier. Resume, stage 1 (refusals leave the engine released
 and the call retryable): read the plan, open and verify this rank's packs or check the
 checkpoint paths; then the ranks agree (one rank's refusal is every rank's) and rebuild NCCL.
-Stage 2: native (SGLang's resume, hydrate in place) or recovery (resume weights, reload each
-runner from its own pinned path through SGLang's update-from-disk, then the other tags in a
-second phase); check the registry, status, TP barrier. The barriers are named barriers over
-torch.distributed's store with a timeout that names the ranks missing (coldsnap.plugin._ranks);
-every path passes one, so no rank is left waiting, and each rank writes its status before it
-arrives, so the HTTP-owning rank never answers before every rank's record is there.
+Stage 2: native (SGLang's resume, hydrate in place, put back the residual) or recovery (resume
+weights, put back the residual, reload each runner from its own pinned path through SGLang's
+update-from-disk, then the other tags in a second phase); check the registry, status, TP
+barrier. The barriers are named barriers over torch.distributed's store with a timeout that
+names the ranks missing (coldsnap.plugin._ranks); every path passes one, so no rank is left
+waiting, and each rank writes its status before it arrives, so the HTTP-owning rank never
+answers before every rank's record is there.
 
 Contract variants (coldsnap.plugin._contracts) decide two things here: whether weights are
 committed in a separate `finalize_startup_weight_load` (variant `deferred-commit`, hooked) or
@@ -510,6 +511,11 @@ class SchedulerHooks:
         else:
             original(mgr, _with_tags(recv_req, [WEIGHTS]), *args, **kwargs)
             load_format = plan.load_format or self.settings.recovery_load_format
+            # What the checkpoint does not hold goes back first: SGLang's reload runs its
+            # post-load processing in the same call, right after loading, and that processing
+            # must see these tensors as a cold start's does, not as the release left them.
+            # The reload itself writes only what the checkpoint names, so none of them.
+            detail["residual"] = self._restore_residuals()
             loaded = {}
             for role, runner in weight_runners(mgr):
                 path = plan.checkpoint if role == "target" else plan.draft_checkpoint
@@ -519,9 +525,6 @@ class SchedulerHooks:
                         f"update_weights_from_disk({path}) for {role} failed: {message}"
                     )
                 loaded[role] = path
-            # SGLang's reload has run its post-load processing; what the checkpoint does not
-            # hold is still as the release left it until the kept copies go back.
-            detail["residual"] = self._restore_residuals()
             for entry in self.registry.models():
                 entry.check_live()
             detail["loaded"] = loaded
@@ -534,7 +537,8 @@ class SchedulerHooks:
         return detail
 
     def _restore_residuals(self) -> dict[str, Any] | str:
-        """Writes back every model's kept residual (after its weights were refilled)."""
+        """Writes back every model's kept residual: after a native hydration, before a
+        recovery reload (whose post-load processing must find it in place)."""
         if not self.settings.keep_residual:
             return "off"
         return {
