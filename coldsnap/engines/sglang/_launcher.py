@@ -22,12 +22,13 @@ import attrs
 
 from coldsnap._paths import ENGINES_ROOT
 from coldsnap._torch import gpu_build
-from coldsnap._wire import EngineSettings
+from coldsnap._wire import RECOVERY_LOAD_FORMATS, EngineSettings
+from coldsnap.engines._args import parse as parse_args
 from coldsnap.machine import LaunchCommand, WeightSource, WeightSourceError
 
 from ._cmdline import TP_FLAGS, EngineArgsError, check_engine_args
 from ._keys import engine_argv, launch_key
-from ._options import GRAPH_SAVER_ENV, SETTINGS_FIELDS, SGLangOptions
+from ._options import GRAPH_SAVER_ENV, SGLangOptions
 
 RUNTIME_ROOT = ENGINES_ROOT
 CPU_BIND_VARIABLE = "SGLANG_CPU_OMP_THREADS_BIND"
@@ -136,6 +137,53 @@ def export_dir(runtime_dir: Path) -> Path:
     return runtime_dir / "payload"
 
 
+LOAD_FORMAT_FLAG = "--load-format"
+ALL_SETTINGS = tuple(attrs.fields_dict(EngineSettings))
+"""Every field of EngineSettings: an engine's environment states each one, even at its
+default, since the engine inherits the orchestrator's environment, which must not decide any
+of them (a COLDSNAP_ARTIFACT_PREVERIFIED=1 left in a shell would skip a verification)."""
+
+
+def engine_load_format(engine_args: Sequence[str]) -> str | None:
+    """The load format the engine's own command line names (its last `--load-format`), or
+    None."""
+    given = parse_args(engine_args).get(LOAD_FORMAT_FLAG)
+    if not given or not given[-1]:
+        return None
+    return given[-1][0]
+
+
+def recovery_load_format(
+    engine_args: Sequence[str], options: SGLangOptions, weights: WeightSource
+) -> str:
+    """The load format of a recovery reload: the engine option where it names one other than
+    `auto`, else what the engine's command line loads with (its `--load-format`, where it names
+    one a reload from a local checkpoint can read), else `auto`. An option and a command line
+    that name different formats, and an engine that loads its checkpoint (a checkpoint source)
+    in a format no reload can read, are refused naming the field: a recovery must read the
+    checkpoint the way the captured engine first did."""
+    named = engine_load_format(engine_args)
+    chosen = options.recovery_load_format
+    if chosen != "auto":
+        if named is not None and named != chosen:
+            raise EngineArgsError(
+                f"engine_options.recovery_load_format: {chosen!r} differs from the engine "
+                f"arguments' {LOAD_FORMAT_FLAG} {named} (a recovery reloads the checkpoint the "
+                "way the engine loads it)"
+            )
+        return chosen
+    if named is None:
+        return "auto"
+    if named in RECOVERY_LOAD_FORMATS:
+        return named
+    if not weights.payload:
+        raise EngineArgsError(
+            f"engine_args: {LOAD_FORMAT_FLAG} {named} cannot be reloaded from the pinned "
+            f"checkpoint by a recovery (it reads: {', '.join(RECOVERY_LOAD_FORMATS)})"
+        )
+    return "auto"  # the engine starts from a payload: no recovery reload reads its checkpoint
+
+
 def coldsnap_env(
     request: Any,
     weights: WeightSource,
@@ -145,17 +193,25 @@ def coldsnap_env(
     """The COLDSNAP_* variables of an engine (coldsnap._wire.EngineSettings): a capture from a
     payload source exports the payload on release, and every capture publishes its graph
     shapes; an engine constructed at restore (n580) starts from the payload (hydrated at load,
-    verified already where the provider says so) or the checkpoint. The request's
-    `async_cuda_graphs` defers the decode graphs. The engine options (the request's, parsed
-    by the adapter; none: their defaults) are written explicitly, each one, with SGLang's
-    graph variable: the engine inherits the orchestrator's environment, which must not decide
-    them."""
+    verified already where the provider says so: COLDSNAP_ARTIFACT_PREVERIFIED) or the
+    checkpoint. The request's `async_cuda_graphs` defers the decode graphs. The engine options
+    (the request's, parsed by the adapter; none: their defaults) set the live backing, the
+    process artifact root, the residual and the rank timeout; a recovery reloads with the load
+    format the request's engine arguments load with (`recovery_load_format`). Every variable is
+    written, each at its value or default (ALL_SETTINGS), with SGLang's graph variable: the
+    engine inherits the orchestrator's environment, which must not decide them."""
     options = options or SGLangOptions()
     settings = options.settings(
         EngineSettings(
             runtime_dir=runtime_dir,
             async_cuda_graphs=bool(getattr(request, "async_cuda_graphs", False)),
         )
+    )
+    settings = attrs.evolve(
+        settings,
+        recovery_load_format=recovery_load_format(
+            getattr(request, "engine_args", ()), options, weights
+        ),
     )
     if request.operation == "capture":
         # the graph shapes warmed before the snapshot are published, and the capsule binds them
@@ -176,7 +232,7 @@ def coldsnap_env(
                 artifact_dir=Path(weights.payload_dir),
                 artifact_preverified=weights.preverified,
             )
-    return settings.to_env(always=SETTINGS_FIELDS)
+    return settings.to_env(always=ALL_SETTINGS)
 
 
 class SGLangLauncher:
@@ -284,6 +340,7 @@ class SGLangLauncher:
 
 
 __all__ = [
+    "ALL_SETTINGS",
     "CPU_BIND_VARIABLE",
     "CPU_RANKS_ARGS",
     "CUDA_TEMPLATE_PRELOAD",
@@ -295,8 +352,10 @@ __all__ = [
     "TopologyArgsError",
     "coldsnap_env",
     "cpu_binding",
+    "engine_load_format",
     "export_dir",
     "free_port",
     "memory_saver_preload",
+    "recovery_load_format",
     "tp_size",
 ]

@@ -47,7 +47,9 @@ class SGLangOptions:
     live_backing: what released weights keep (discard, cpu, disk; EngineSettings says more).
     process_artifact_root: where the disk backing writes (an absolute path; needed with disk).
     keep_residual: keep a host copy of what the checkpoint does not hold across a release.
-    recovery_load_format: SGLang's load format for a recovery reload.
+    recovery_load_format: SGLang's load format for a recovery reload; `auto` (the default)
+        reloads the way the engine's own command line loads (its `--load-format`, where it
+        names one a reload can read: the launcher decides, `recovery_load_format`).
     rank_timeout_s: how long a TP rank waits for its peers at a release or resume barrier.
     cuda_graphs_in_saver: SGLang captures its CUDA graphs inside the memory saver (CUDA only),
         so a release frees them; the graph steps then run.
