@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import psutil
@@ -14,7 +14,17 @@ import pytest
 
 from coldsnap.engines import EngineClient
 from coldsnap.engines.sglang import SGLANG_POLICY
-from coldsnap.machine import CaptureRequest, Machine, ModelRef, Receipt, RestoreRequest
+from coldsnap.machine import (
+    JOURNAL_NAME,
+    CaptureRequest,
+    Machine,
+    ModelRef,
+    Receipt,
+    Replay,
+    RestoreRequest,
+    StepEvent,
+    read_journal,
+)
 from tests._support import need
 
 # Greedy answers to these must be equal, token for token, on a cold server and every restore.
@@ -129,6 +139,46 @@ def restore_request(
 def answers(url: str) -> list[tuple[int, ...]]:
     with EngineClient(url, SGLANG_POLICY) as client:
         return [client.generate(p, max_new_tokens=MAX_NEW_TOKENS).token_ids for p in PROMPTS]
+
+
+def flushed_answers(url: str) -> list[tuple[int, ...]]:
+    """Greedy answers to PROMPTS, the prefix cache flushed before each and after the last, so
+    that no answer comes from a cache the other side did not have."""
+    with EngineClient(url, SGLANG_POLICY) as client:
+        out = []
+        for prompt in PROMPTS:
+            client.flush_cache()
+            out.append(client.generate(prompt, max_new_tokens=MAX_NEW_TOKENS).token_ids)
+        client.flush_cache()
+        return out
+
+
+def ask_when_healthy(workdir: Path, into: list[object]) -> Callable[[StepEvent], None]:
+    """A capture's subscriber that makes the capture's own engine the cold start: once that
+    engine (started from nothing by the capture's launch command) is healthy, and before the
+    capture records its acceptance answer or releases anything, it puts the engine's
+    `flushed_answers` (or what failed) in `into`. It runs in the machine's thread, before the
+    next step, so a module needs no server start of its own for its reference answers.
+    `cold_from` reads what it put there."""
+
+    def on_event(event: StepEvent) -> None:
+        if (event.step, event.phase) != ("wait_healthy", "done"):
+            return
+        try:
+            facts = Replay.of(read_journal(workdir / JOURNAL_NAME)).facts
+            into.append(flushed_answers(facts["engine_url"]))
+        except Exception as exc:  # kept and raised by `cold_from`, not swallowed
+            into.append(exc)
+
+    return on_event
+
+
+def cold_from(into: list[object]) -> list[tuple[int, ...]]:
+    """The answers `ask_when_healthy` collected; raises what failed instead."""
+    assert len(into) == 1, "the subscriber never saw the capture's engine healthy"
+    if isinstance(into[0], Exception):
+        raise into[0]
+    return into[0]  # type: ignore[return-value]
 
 
 def sampled(url: str) -> tuple[int, ...]:

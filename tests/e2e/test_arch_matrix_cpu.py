@@ -3,30 +3,30 @@ n610 native through `Machine` and restored, answers token for token like a cold 
 
 Cheap by design, one server start per architecture: the capture's own engine, started from
 nothing by the capture's launch command, is the cold start. Right after it is healthy, and
-before the capture records its acceptance answer or releases anything, a subscriber asks it
-every prompt (the prefix cache flushed before each, and after the last): those are the cold
-answers. The capsule is then restored once, asked the same prompts the same way, and stopped.
-Each architecture has a directory of its own (model, store, workdirs), removed once it is done.
+before the capture records its acceptance answer or releases anything, a subscriber
+(conftest's `ask_when_healthy`) asks it every prompt (the prefix cache flushed before each, and
+after the last): those are the cold answers. The capsule is then restored once, asked the same
+prompts the same way, and stopped. Each architecture has a directory of its own (model, store,
+workdirs), removed once it is done.
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from attrs import frozen
 
 from coldsnap import Machine
-from coldsnap.engines import EngineClient
-from coldsnap.engines.sglang import SGLANG_POLICY
-from coldsnap.machine import JOURNAL_NAME, Replay, StepEvent, read_journal
 
 from .conftest import (
-    MAX_NEW_TOKENS,
     PROMPTS,
+    ask_when_healthy,
     capture_request,
+    cold_from,
+    flushed_answers,
     model_ref,
     restore_request,
     stop_at_once,
@@ -51,34 +51,6 @@ ARCHS = {  # untied Llama, n610 native: tests/e2e/test_sglang_e2e.py, the same c
     "qwen3": ("qwen3", None),
     "phi3": ("phi3", None),
 }
-
-
-def flushed_answers(url: str) -> list[tuple[int, ...]]:
-    """Greedy answers to PROMPTS, the prefix cache flushed before each and after the last, so
-    that no answer comes from a cache the other side did not have."""
-    with EngineClient(url, SGLANG_POLICY) as client:
-        out = []
-        for prompt in PROMPTS:
-            client.flush_cache()
-            out.append(client.generate(prompt, max_new_tokens=MAX_NEW_TOKENS).token_ids)
-        client.flush_cache()
-        return out
-
-
-def ask_when_healthy(workdir: Path, into: list[object]) -> Callable[[StepEvent], None]:
-    """A subscriber that, once the capture's engine is healthy, puts its answers (or what
-    failed) in `into`: it runs in the machine's thread, before the next step."""
-
-    def on_event(event: StepEvent) -> None:
-        if (event.step, event.phase) != ("wait_healthy", "done"):
-            return
-        try:
-            facts = Replay.of(read_journal(workdir / JOURNAL_NAME)).facts
-            into.append(flushed_answers(facts["engine_url"]))
-        except Exception as exc:  # kept and raised by the fixture, not swallowed
-            into.append(exc)
-
-    return on_event
 
 
 @frozen
@@ -111,9 +83,7 @@ def matched(request: pytest.FixtureRequest, e2e_ready: None, root: Path) -> Iter
         )
         captured = machine.capture(capture)
         assert captured.ok, why(captured)
-        assert len(cold) == 1, "the subscriber never saw the engine healthy"
-        if isinstance(cold[0], Exception):
-            raise cold[0]
+        reference = cold_from(cold)
         restore = restore_request(base, model, "n610", "native", name, "restore")
         machine = Machine.for_request(restore)
         restored = machine.restore(restore)
@@ -122,7 +92,7 @@ def matched(request: pytest.FixtureRequest, e2e_ready: None, root: Path) -> Iter
             answers = flushed_answers(restored.facts["engine_url"])
         finally:
             stop_at_once(machine, restored)
-        yield Matched(cold[0], answers)  # type: ignore[arg-type]
+        yield Matched(reference, answers)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

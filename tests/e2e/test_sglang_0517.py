@@ -6,6 +6,9 @@ whole operation runs in a child started with the 0.5.17 overlay on PYTHONPATH
 (`release_env("0.5.17")`) and the test engine `sglang-0.5.17` registered
 (`coldsnap.testing.sglang_cpu.register_release_engine`): its launcher serves the overlay. The
 child answers with JSON; one server runs at a time and each is stopped before the next starts.
+The cold start is the capture's own engine, started from nothing by the capture's launch
+command and asked right after it is healthy, before anything is released (as conftest's
+`ask_when_healthy` does in this process): a server start of its own would add half a minute.
 """
 
 from __future__ import annotations
@@ -41,29 +44,45 @@ from coldsnap import REGISTRY, CaptureRequest, Machine, ModelRef, RestoreRequest
 from coldsnap.backends.procs import kill_tree
 from coldsnap.engines import EngineClient
 from coldsnap.engines.sglang import SGLANG_POLICY, installed_sglang
+from coldsnap.machine import JOURNAL_NAME, Replay, read_journal
 from coldsnap.plugin import plugin_digest
-from coldsnap.testing.sglang_cpu import register_release_engine, start_server
+from coldsnap.testing.sglang_cpu import register_release_engine
 
 model_path, base, release, prompts, max_new = sys.argv[1:6]
 base, prompts, max_new = Path(base), json.loads(prompts), int(max_new)
 
 
 def answers(url):
+    # The prefix cache flushed before each prompt and after the last: no answer comes from a
+    # cache the other side did not have.
     with EngineClient(url, SGLANG_POLICY) as client:
-        return [list(client.generate(p, max_new_tokens=max_new).token_ids) for p in prompts]
+        out = []
+        for p in prompts:
+            client.flush_cache()
+            out.append(list(client.generate(p, max_new_tokens=max_new).token_ids))
+        client.flush_cache()
+        return out
 
 
-out = {}
-# The reference: a cold server of the same build, plugin off.
-with start_server(model_path, log_path=base / "cold.log", release=release,
-                  env={"COLDSNAP_MODE": "off"}) as cold:
-    out["cold"] = answers(cold.url)
-    kill_tree(cold.process.pid)  # a throwaway reference: no drain
+out = {"cold": None, "cold_error": "the capture's engine was never seen healthy"}
+
+
+def ask_when_healthy(event):
+    # The reference: the capture's engine, healthy, before anything is released.
+    if (event.step, event.phase) != ("wait_healthy", "done"):
+        return
+    try:
+        facts = Replay.of(read_journal(base / "cap" / JOURNAL_NAME)).facts
+        out["cold"], out["cold_error"] = answers(facts["engine_url"]), None
+    except Exception as exc:  # reported by the test, not swallowed
+        out["cold_error"] = repr(exc)
+
+
 engine = register_release_engine(REGISTRY, release)
 model = ModelRef(id="tiny-llama", revision="r1", path=model_path)
 capture = CaptureRequest(driver="n610", provider="native", model=model, engine=engine,
                          workdir=str(base / "cap"), store=str(base / "store"), name="c0517")
-receipt = Machine.for_request(capture).capture(capture)
+receipt = Machine.for_request(capture, subscribers=[ask_when_healthy]).capture(capture)
 out["capture"] = {"ok": receipt.ok, "error": str(receipt.error),
                   "acceptance": receipt.facts.get("acceptance_tokens")}
 build = installed_sglang()
@@ -132,6 +151,8 @@ def test_the_0517_capsule_restores_twice_with_the_cold_tokens(outcome: dict[str,
     assert contract != digest()
     assert outcome["plugin_digest"] != plugin_digest()
     assert outcome["capture"]["ok"], outcome["capture"]["error"]
+    assert outcome["cold_error"] is None, outcome["cold_error"]
+    assert len(outcome["cold"]) == len(PROMPTS) and all(outcome["cold"])
     assert len(outcome["restores"]) == 2
     for attempt, restored in enumerate(outcome["restores"]):
         assert restored["ok"], (attempt, restored["error"])

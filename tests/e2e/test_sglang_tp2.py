@@ -1,10 +1,14 @@
 """A real SGLang server with two tensor-parallel ranks on CPU (gloo), captured and restored
 through `Machine` with both drivers and both providers.
 
-One cold TP2 start (no plugin) answers a fixed prompt set: the reference. For n610 native and
-recovery and n580 native, one capture at tp=2 and one restore; the restore answers like the
-cold start, token for token, and leaves no process behind; the capsule refuses a restore at
-tp=1 naming the field. (n580 recovery is left out to keep `make test` in its time: its restore
+For n610 native and recovery and n580 native, one capture at tp=2 and one restore; the restore
+answers a fixed prompt set like a cold TP2 start, token for token, and leaves no process behind;
+the capsule refuses a restore at tp=1 naming the field. The cold start is the capture's own
+engine, started from nothing by the capture's launch command and asked right after it is
+healthy, before anything is released (conftest's `ask_when_healthy`, as the architecture
+matrix does): a TP2 server start of its own would cost a minute on these hosts, and that the
+plugin changes no answer before its release is checked against a plain server in
+test_sglang_e2e.py. (n580 recovery is left out to keep `make test` in its time: its restore
 is SGLang building a TP2 engine from the checkpoint with its own loader, which the cold start
 already does; each provider's per-rank path runs here with a restored tree, n610, and each
 driver with a native payload.) Once (n610 native) a rank is killed during a restore: the
@@ -26,7 +30,18 @@ from attrs import frozen
 from coldsnap import Machine
 from coldsnap.machine import RestoreRequest, StepEvent
 
-from .conftest import answers, capture_request, leftovers, model_ref, restore_request, watch, why
+from .conftest import (
+    PROMPTS,
+    ask_when_healthy,
+    capture_request,
+    cold_from,
+    flushed_answers,
+    leftovers,
+    model_ref,
+    restore_request,
+    watch,
+    why,
+)
 
 pytestmark = [
     pytest.mark.criu,
@@ -52,24 +67,6 @@ def tiny(tiny_llama: Path) -> Path:
     return tiny_llama
 
 
-@pytest.fixture(scope="module")
-def cold(tiny: Path, root: Path) -> list[tuple[int, ...]]:
-    """A plain TP2 SGLang (no plugin) with the arguments the adapter gives two ranks here."""
-    from coldsnap.backends import launch
-    from coldsnap.cli._demo import PlainServer, plain_command, wait_first_answer
-    from coldsnap.machine import REGISTRY
-
-    argv, env, url = plain_command(tiny)
-    tp_args, tp_env = REGISTRY.get("engine", "sglang").build(None).launcher.topology(TP)
-    log = root / "cold.log"
-    server = PlainServer(launch([*argv, *tp_args], log_path=log, env={**env, **tp_env}), url, log)
-    try:
-        wait_first_answer(server)
-        return answers(server.url)
-    finally:
-        server.stop()
-
-
 @frozen
 class Variant:
     """One TP2 capture of a driver/provider pair and one restore of its capsule."""
@@ -78,6 +75,7 @@ class Variant:
     capture_tp: int
     payload_ranks: list[str]
     source_left_running: list[str]
+    cold: list[tuple[int, ...]]  # the capture's engine, healthy, before anything was released
     answers: list[tuple[int, ...]]
     acceptance_tokens: tuple[list[int], list[int]]
     ranks_reported: dict[str, dict[str, object]]
@@ -96,8 +94,11 @@ def variant(request: pytest.FixtureRequest, root: Path, tiny: Path) -> Variant:
     model = model_ref(tiny)
     try:
         capture = capture_request(base, model, driver, provider, name, tp=TP)
-        receipt = Machine.for_request(capture).capture(capture)
+        cold: list[object] = []
+        subscriber = ask_when_healthy(Path(capture.workdir), cold)
+        receipt = Machine.for_request(capture, subscribers=[subscriber]).capture(capture)
         assert receipt.ok, why(receipt)
+        reference = cold_from(cold)
         dirs, pids = watch(receipt)
         source_left = leftovers(dirs, pids)
         payload_ranks = _payload_ranks(Path(capture.store), receipt.facts["capsule_digest"])
@@ -114,7 +115,7 @@ def variant(request: pytest.FixtureRequest, root: Path, tiny: Path) -> Variant:
         more_dirs, more_pids = watch(restored)
         dirs, pids = dirs | more_dirs, pids | more_pids
         try:
-            got = answers(restored.facts["engine_url"])
+            got = flushed_answers(restored.facts["engine_url"])
         finally:
             machine.stop(restored)
         killed, killed_left = None, []
@@ -125,6 +126,7 @@ def variant(request: pytest.FixtureRequest, root: Path, tiny: Path) -> Variant:
             capture_tp=receipt.facts["tp_size"],
             payload_ranks=payload_ranks,
             source_left_running=source_left,
+            cold=reference,
             answers=got,
             acceptance_tokens=(
                 receipt.facts["acceptance_tokens"],
@@ -175,12 +177,11 @@ def _restore_killing_a_rank(
     return receipt.error or "", leftovers(dirs | {str(runtime_dir)}, pids)
 
 
-def test_a_tp2_restore_answers_like_a_cold_tp2_start(
-    variant: Variant, cold: list[tuple[int, ...]]
-) -> None:
+def test_a_tp2_restore_answers_like_a_cold_tp2_start(variant: Variant) -> None:
     assert variant.capture_tp == TP
     assert not variant.source_left_running, "the capture's source was not retired"
-    assert variant.answers == cold
+    assert len(variant.cold) == len(PROMPTS) and all(variant.cold)
+    assert variant.answers == variant.cold
     captured, restored = variant.acceptance_tokens
     assert restored == captured
     assert not variant.left_running, variant.left_running
