@@ -342,17 +342,19 @@ _RESTORE_HELP = """Restore a capsule and leave it serving; print its URL and PID
   coldsnap restore tiny --store /var/lib/coldsnap/store --port 30000
   coldsnap restore REQUEST_FILE          # the machine-readable form (JSON)
 
-NAME is a capsule's tag or sha256: digest; a REQUEST_FILE is spelled as a path (a '/', a leading
-'.', a .json, .yaml or .yml ending; '-': stdin), whatever files exist. Driver, provider, engine
-and engine flags default to the capsule's own; anything after `--` replaces the engine flags.
+NAME is a capsule's tag, its sha256: digest or the short digest `coldsnap ls` prints (one
+that begins several digests is refused, naming them); a REQUEST_FILE is spelled as a path (a
+'/', a leading '.', a .json, .yaml or .yml ending; '-': stdin), whatever files exist. Driver,
+provider, engine and engine flags default to the capsule's own; anything after `--` replaces
+the engine flags.
 The restored server serves on --host and --port, by default those of the captured launch command
 line (else 127.0.0.1 and the port the capture served on); n610 moves the image's listening
 socket there before the restore, n580 builds the engine on them. A port in use is refused first.
-The served engine is recorded under --serve-as (default: NAME) for `coldsnap status` and
-`coldsnap stop`. A restore takes back the PIDs its image had: to serve a capsule again beside a
-running restore of it, give --replica (a PID namespace of its own, where the driver offers one),
-its own --port and its own --serve-as. The request file's format is `coldsnap schema restore`;
---recipe reads it from YAML.
+The served engine is recorded under --serve-as (default: the tag, else the digest's first 12
+hex digits) for `coldsnap status` and `coldsnap stop`. A restore takes back the PIDs its image
+had: to serve a capsule again beside a running restore of it, give --replica (a PID namespace
+of its own, where the driver offers one), its own --port and its own --serve-as. The request
+file's format is `coldsnap schema restore`; --recipe reads it from YAML.
 """
 
 _RESTORE_OPTIONS = ("store", "workdir", "driver", "provider", "model_path", "serve_as")
@@ -538,18 +540,6 @@ def _model_dir_needed(request: RestoreRequest) -> str | None:
     return None
 
 
-def _check_tagged(store: Store, target: str) -> None:
-    """Refuses a NAME no tag of the store names, listing the tags (a digest is the store's to
-    resolve)."""
-    if target.startswith("sha256:"):
-        return
-    tags = store.tag_names()
-    if target not in tags:
-        known = ", ".join(tags) if tags else "none"
-        raise RequestError([("NAME", f"no capsule tagged {target!r} in {store.root} (tags: "
-                             f"{known})")])  # fmt: skip
-
-
 def _restore_request(
     target: str,
     engine_args: tuple[str, ...],
@@ -565,7 +555,7 @@ def _restore_request(
 ) -> RestoreRequest:
     from coldsnap.capsules import RECORD_NAME, CaptureRecord
 
-    from ._store_cmds import capture_record
+    from ._store_cmds import capsule_ref, capture_record
 
     store = store.expanduser().absolute()
     if not store.is_dir():
@@ -573,7 +563,7 @@ def _restore_request(
     if model_path == "":
         raise RequestError([("--model-path", "is empty: name the checkpoint's directory")])
     opened = Store.open(store)
-    _check_tagged(opened, target)
+    target = capsule_ref(opened, target)  # a tag, a digest or the short digest `ls` prints
     record: CaptureRecord | None = capture_record(opened, target)
     if record is None:
         raise RequestError([("NAME", f"capsule {target} has no {RECORD_NAME}: use a request file")])

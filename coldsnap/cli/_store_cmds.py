@@ -62,13 +62,22 @@ def _open(store: Path) -> Store:
     return Store.open(store)
 
 
-def _lookup(store: Store, name: str) -> str:
-    """The capsule `name` names; one it names none of (or several) is a bad request, as an
-    unknown tag is for restore."""
+def lookup(store: Store, name: str) -> str:
+    """The digest of the capsule `name` names (a tag, a digest or a short digest as `ls` prints
+    it): what show, rm and restore resolve NAME with. One it names none of (listing the tags),
+    or a short digest several digests begin with (naming them), is a bad request."""
     try:
         return store.lookup(name)
     except NoCapsule as exc:
         raise RequestError([("NAME", str(exc))]) from None
+
+
+def capsule_ref(store: Store, name: str) -> str:
+    """What a restore asks the store for when NAME is given: a tag as it is (the restore serves
+    under it by default), anything else as the full digest `lookup` resolves it to (a short
+    digest would name another capsule once a later one begins with the same digits)."""
+    digest = lookup(store, name)
+    return name if name in store.tag_names() else digest
 
 
 def _record(store: Store, capsule: Capsule) -> CaptureRecord | None:
@@ -215,7 +224,7 @@ def show(name: str, store: Path, as_json: bool) -> None:
     members."""
     with reported(_debug):
         found = _open(store)
-        digest = _lookup(found, name)
+        digest = lookup(found, name)
         capsule = found.capsule(digest)
         about = summary(found, digest, _tags_by_capsule(found).get(digest, []))
         roles: dict[str, dict[str, int]] = {}
@@ -267,7 +276,7 @@ def rm(name: str, store: Path) -> None:
     after its grace). A capsule a restore on this host serves is refused (stop it first)."""
     with reported(_debug):
         found = _open(store)
-        digest = _lookup(found, name)
+        digest = lookup(found, name)
         using, starting = _in_use()
         serving = using.get(digest, []) + [
             s for s, artifact in starting.items() if _names(found, artifact, digest)
@@ -371,4 +380,4 @@ def gc(store: Path, grace: float) -> None:
     )
 
 
-__all__ = ["capture_record", "gc", "ls", "rm", "show", "summary"]
+__all__ = ["capsule_ref", "capture_record", "gc", "lookup", "ls", "rm", "show", "summary"]

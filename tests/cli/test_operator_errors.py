@@ -62,7 +62,7 @@ def test_a_model_path_that_is_no_directory_is_blamed_on_itself(tmp_path: Path) -
 
 def test_an_unknown_tag_is_a_bad_request_listing_the_tags(store: Path) -> None:
     out = _field(cli("restore", "tiyn", "--store", str(store), "--print-request"))
-    assert "no capsule tagged 'tiyn'" in out and "(tags: pinned, tiny, tiny580)" in out
+    assert "no tag 'tiyn'" in out and "(tags: pinned, tiny, tiny580)" in out
 
 
 def test_a_local_model_s_capsule_asks_for_its_directory_not_a_download(store: Path) -> None:
