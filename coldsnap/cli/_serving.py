@@ -318,10 +318,18 @@ def after_resume(request: Request, workdir: Path) -> str | None:
 def stop(workdir: Path, subscribers: Iterable[Callable[[StepEvent], None]] = ()) -> Receipt:
     """Stops the engine a restore in `workdir` left serving through the Machine (the driver's
     stop spec: its whole process tree, its runtime dir and what the driver left beside it, the
-    capsule's files laid out in the workdir); once that is done, forgets the serving records
-    naming the workdir. The workdir (journal, receipt, logs) stays."""
+    capsule's files laid out in the workdir); once that is done and its engine no longer runs
+    (its PID with its runtime dir and start stamp), forgets the serving records naming the
+    workdir: a record is dropped only once nothing of it serves. The workdir (journal,
+    receipt, logs) stays."""
     receipt = _sleep.run("stop", workdir, subscribers)
     if receipt.ok:
+        after = state(workdir)
+        if after["running"]:
+            raise ServingError(
+                f"the stop of {workdir} ended, but its engine (pid {after['pid']}, "
+                f"{after['url']}) still runs; its serving record is kept"
+            )
         forget(workdir)
     return receipt
 

@@ -153,12 +153,25 @@ class Launcher(Protocol):
 
     `template_preload` lists the modules an n580 template imports before it is dumped;
     `forkserver_preload` those its forkserver imports so the engine's children start warm (None:
-    the engine starts no children, no forkserver)."""
+    the engine starts no children, no forkserver).
+
+    `runtime_dir`: the engine's runtime dir (COLDSNAP_RUNTIME_DIR) when the driver has one
+    already, made by the driver; None: a fresh one the launcher makes. A process keeps the
+    environment it was started with, so an engine built inside a process started earlier (an
+    n580 template) must use the runtime dir that process carries: it is what tells its
+    processes apart (status, stop) and where its plugin writes its files."""
 
     template_preload: tuple[str, ...]
     forkserver_preload: tuple[str, ...] | None
 
-    def command(self, request: Any, workdir: Path, *, weights: WeightSource) -> LaunchCommand: ...
+    def command(
+        self,
+        request: Any,
+        workdir: Path,
+        *,
+        weights: WeightSource,
+        runtime_dir: Path | None = None,
+    ) -> LaunchCommand: ...
 
 
 def launch_weights(ctx: Any) -> WeightSource:

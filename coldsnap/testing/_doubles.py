@@ -196,10 +196,17 @@ class MemoryLauncher:
     def __init__(self, world: MemoryWorld) -> None:
         self.world = world
 
-    def command(self, request: Any, workdir: Path, *, weights: WeightSource) -> LaunchCommand:
+    def command(
+        self,
+        request: Any,
+        workdir: Path,
+        *,
+        weights: WeightSource,
+        runtime_dir: Path | None = None,
+    ) -> LaunchCommand:
         op = Path(workdir).name
-        runtime_dir = f"/memory/run/{op}"
-        env = {"COLDSNAP_RUNTIME_DIR": runtime_dir, "COLDSNAP_MODE": request.operation}
+        runtime = str(runtime_dir) if runtime_dir else f"/memory/run/{op}"
+        env = {"COLDSNAP_RUNTIME_DIR": runtime, "COLDSNAP_MODE": request.operation}
         if request.operation == "capture" and weights.payload:
             env["COLDSNAP_EXPORT_MODEL_PAYLOAD"] = "1"
         if request.operation == "restore" and weights.payload:

@@ -37,6 +37,8 @@ from .._processes import (
     env_is,
     find_roots,
     has_arg,
+    host_dir_to_make,
+    make_host_dir,
     operation_dir,
     restored_root,
     runtime_dirs_of,
@@ -192,7 +194,14 @@ class N580Driver:
             captured_tp = (ctx.facts.get("capsule") or {}).get("tp_size")
             if request.tp is None and captured_tp:  # build as many ranks as captured
                 request = attrs.evolve(request, tp=captured_tp)
-        engine = self.launcher.command(request, ctx.workdir, weights=launch_weights(ctx))
+        pid = ctx.facts["template_pid"]
+        runtime_dir = _carried_runtime_dir(pid)
+        if runtime_dir is not None and host_dir_to_make(str(runtime_dir)):
+            ctx.record(runtime_dir=str(runtime_dir))  # journaled first: a stop finds it made
+            make_host_dir(str(runtime_dir))
+        engine = self.launcher.command(
+            request, ctx.workdir, weights=launch_weights(ctx), runtime_dir=runtime_dir
+        )
         argv = list(engine.argv)
         at = argv.index("-m") if "-m" in argv[1:3] else -1  # interpreter flags may stand before
         if at < 1 or len(argv) < at + 2:
@@ -210,7 +219,6 @@ class N580Driver:
             "cwd": engine.cwd,
         }
         write_json_atomic(control / RELEASE, order)
-        pid = ctx.facts["template_pid"]
         facts = {
             "engine_pid": pid,
             "engine_url": engine.url,
@@ -228,6 +236,18 @@ class N580Driver:
         # drain has nothing left to save, and SGLang's would only start after its SIGTERM
         # watchdog's next 5 s poll. So the whole tree is killed at once.
         self._stop(ctx, ctx.facts["engine_pid"], kill=True)
+
+
+def _carried_runtime_dir(pid: int) -> Path | None:
+    """The runtime dir the template was launched with, which its engine keeps: /proc shows every
+    process of the tree with the environment the template started with (CRIU restores it as it
+    was; a forkserver's children inherit it), whatever the release adds to `os.environ`. A
+    fresh dir would name the engine by a dir none of its processes carries: status would say
+    it does not run, and a stop's check for live users of the dir would find none. None for a
+    template launched without one, or one that ended (the launcher then makes one; the wait
+    for the release names the ended template)."""
+    found = runtime_dirs_of(pid)
+    return Path(found.pop()) if found else None
 
 
 def _wait_status(

@@ -307,14 +307,22 @@ class SGLangLauncher:
         extra = [a for a in CPU_RANKS_ARGS if a not in self.base_args]
         return [*args, *extra], {CPU_BIND_VARIABLE: cpu_binding(tp, cpus)}
 
-    def command(self, request: Any, workdir: Path, *, weights: WeightSource) -> LaunchCommand:
+    def command(
+        self,
+        request: Any,
+        workdir: Path,
+        *,
+        weights: WeightSource,
+        runtime_dir: Path | None = None,
+    ) -> LaunchCommand:
         problems = check_engine_args(request.engine_args)
         if problems:
             text = "; ".join(f"{field}: {why}" for field, why in problems)
             tp = any(a.split("=")[0] in TP_FLAGS for a in request.engine_args)
             raise (TopologyArgsError if tp else EngineArgsError)(text)
-        runtime_dir = RUNTIME_ROOT / uuid.uuid4().hex
-        runtime_dir.mkdir(parents=True, mode=0o700)
+        if runtime_dir is None:  # else the driver's, which it made (the Launcher protocol)
+            runtime_dir = RUNTIME_ROOT / uuid.uuid4().hex
+            runtime_dir.mkdir(parents=True, mode=0o700)
         port = getattr(request, "port", None) or free_port()
         host = getattr(request, "host", None) or "127.0.0.1"
         restoring = request.operation == "restore"
