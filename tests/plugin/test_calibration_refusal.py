@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -57,11 +58,14 @@ class Engine:
         runtime_dir: Path,
         calibrations: list[dict[str, Any] | None],
         world: MemoryWorld | None = None,
+        *,
+        deferred: bool = False,
     ) -> None:
         self.world = world
         self.paths: list[str] = []
         self.runtime_dir = runtime_dir
         self.calibrations = calibrations
+        self.deferred = deferred  # decode graphs pending (async_cuda_graphs): not calibrated yet
         self.write(events=[])
 
     def write(self, *, events: list[dict[str, Any]]) -> None:
@@ -79,7 +83,8 @@ class Engine:
                 "outcome": "ok",
                 "error": None,
                 "events": events,
-                "shape_calibration": calibration,
+                "shape_calibration": None if self.deferred else calibration,
+                "async_decode_graph": "pending" if self.deferred else None,
             }
             path = status_path(self.runtime_dir, f"scheduler-tp{rank}")
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -99,11 +104,16 @@ class Engine:
 
 
 def capture(
-    tmp_path: Path, calibrations: list[dict[str, Any] | None], *, rank_reports: bool = True
+    tmp_path: Path,
+    calibrations: list[dict[str, Any] | None],
+    *,
+    rank_reports: bool = True,
+    deferred_for: float | None = None,
+    release_timeout: float = 120.0,
 ) -> tuple[Any, MemoryWorld, Engine]:
     world = MemoryWorld(cuda=False)
     runtime_dir = tmp_path / "run"
-    engine = Engine(runtime_dir, calibrations, world)
+    engine = Engine(runtime_dir, calibrations, world, deferred=deferred_for is not None)
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
@@ -115,6 +125,7 @@ def capture(
         store=str(tmp_path / "store"),
         name="tiny",
         tp=len(calibrations),
+        timeouts={"release_memory": release_timeout},
     )
     components = memory_registry(world).components(request).by_role()
     components["driver"] = MemoryProcessDriver(world, Launcher(world, runtime_dir), cuda=False)
@@ -129,6 +140,14 @@ def capture(
         ),
         transport=httpx.MockTransport(engine),
     )
+    if deferred_for is not None and deferred_for != float("inf"):
+        # the ranks capture their decode graphs and calibrate at idle, a little later
+        def calibrate_at_idle() -> None:
+            engine.deferred = False
+            engine.write(events=[])
+
+        timer = threading.Timer(deferred_for, calibrate_at_idle)
+        timer.start()
     receipt = Machine(**components, dry_run=True).capture(request)
     return receipt, world, engine
 
@@ -195,3 +214,22 @@ def test_an_engine_without_rank_reports_captures_without_shapes(tmp_path: Path) 
     assert receipt.ok, receipt.error
     assert "/release_memory_occupation" in engine.paths
     assert receipt.facts[s.SHAPE_COVERAGE.name] is None
+
+
+def test_the_release_waits_for_graphs_deferred_to_the_first_idle(tmp_path: Path) -> None:
+    """A capture with async_cuda_graphs: each rank calibrates once it has captured its decode
+    graphs at idle, which may come after the requests before the release were answered."""
+    shapes = [calibrated(CUDA_SHAPES), calibrated(CUDA_SHAPES)]
+    receipt, _, engine = capture(tmp_path, shapes, deferred_for=0.5)
+    assert receipt.ok, receipt.error
+    assert receipt.facts[s.SHAPE_COVERAGE.name] == CUDA_SHAPES
+    assert engine.paths.count("/release_memory_occupation") == 1
+
+
+def test_graphs_still_deferred_at_the_deadline_are_named(tmp_path: Path) -> None:
+    shapes = [calibrated(CUDA_SHAPES), calibrated(CUDA_SHAPES)]
+    receipt, world, engine = capture(
+        tmp_path, shapes, deferred_for=float("inf"), release_timeout=1.0
+    )
+    message = assert_refused_before_release(receipt, world, engine)
+    assert "the decode graphs of scheduler-tp0, scheduler-tp1 are still deferred" in message

@@ -216,6 +216,8 @@ class SGLangEngine(SGLangCommandLine):
         started = time.time()
         tp = int(getattr(ctx.request, "tp", None) or 1)
         # a calibration failed, missing or not agreed refuses here, before anything is released
+        if self.rank_reports:
+            _await_deferred_graphs(runtime_dir, ctx)
         coverage = _shape_coverage(runtime_dir, tp, required=self.rank_reports)
         with self._client(ctx) as client:
             _release_all(client, runtime_dir, tp, ctx.facts[s.ENGINE_PID.name], "release_memory")
@@ -543,6 +545,30 @@ def _release_all(client: EngineClient, runtime_dir: Path, tp: int, pid: int, ste
         client.release([KV_CACHE, WEIGHTS])
     except EngineError as exc:
         raise EngineError(step, f"{exc}{census(runtime_dir, tp, pid)}") from exc
+
+
+def _await_deferred_graphs(runtime_dir: Path, ctx: StepContext) -> None:
+    """Waits, within the step's deadline, until no scheduler reports its decode graphs
+    deferred. A rank started with `async_cuda_graphs` captures them, and then calibrates, at
+    its first idle boundary after a completed request, which may come just after the requests
+    before the release were answered; reading the calibration before then would find none.
+    EngineError naming the ranks still pending when the deadline comes (nothing released)."""
+    while True:
+        pending = sorted(
+            name
+            for name, status in scheduler_records(runtime_dir).items()
+            if status.async_decode_graph == "pending"
+        )
+        if not pending:
+            return
+        if ctx.remaining() <= 0.1:
+            raise EngineError(
+                "release_memory",
+                f"the decode graphs of {', '.join(pending)} are still deferred (they are captured "
+                "and calibrated at the first idle boundary after a completed request)",
+            )
+        ctx.check()  # cancelled
+        time.sleep(0.05)
 
 
 def _shape_coverage(runtime_dir: Path, tp: int, *, required: bool) -> dict[str, Any] | None:
