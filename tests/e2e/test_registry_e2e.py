@@ -1,0 +1,107 @@
+"""A capsule between two hosts' stores through a real OCI registry, as a user runs it: capture a
+tiny SGLang server (`coldsnap capture -- python -m sglang.launch_server ...`), `coldsnap push`
+it to a registry this test starts (Debian's docker-registry), remove the capture's store,
+`coldsnap pull` it into an empty store on another root, restore from there and compare the
+answers with a cold start's (conftest's `tiny_cold`). One capture, one restore."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from coldsnap.engines import EngineClient
+from coldsnap.engines.sglang import SGLANG_POLICY
+from tests._support import free_port
+from tests.registry._server import registry_binary, serve_registry
+
+from .conftest import PRISTINE_ENV, answers
+
+pytestmark = [
+    pytest.mark.criu,
+    pytest.mark.sglang,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("host"),
+]
+MARKER = "COLDSNAP_E2E_TEST_MARKER"
+
+
+def _cli(*args: str, marker: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`python -m coldsnap.cli ARGS` from the environment this session started with; what it
+    starts carries the marker (CRIU restores a process's environment), so leftovers are found."""
+    return subprocess.run(
+        [sys.executable, "-m", "coldsnap.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        env={**PRISTINE_ENV, MARKER: marker, **env},
+    )
+
+
+def _marked(marker: str) -> list[int]:
+    found = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        if proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        with contextlib.suppress(psutil.Error, OSError):
+            if proc.environ().get(MARKER) == marker:
+                found.append(proc.info["pid"])
+    return found
+
+
+def test_pushed_pulled_into_an_empty_store_elsewhere_and_restored_exactly(
+    tiny_llama: Path, tiny_cold: list[tuple[int, ...]], tmp_path: Path
+) -> None:
+    registry_binary()  # skips, saying why, where the registry is not installed
+    marker = uuid.uuid4().hex
+    first, second = tmp_path / "first" / "store", tmp_path / "second" / "store"
+    first.parent.mkdir()  # capture names a store whose folder exists; pull makes its own
+    env = {"COLDSNAP_SERVING_DIR": str(tmp_path / "serving")}
+    launch = ["python", "-m", "sglang.launch_server", "--model-path", str(tiny_llama),
+              "--port", str(free_port())]  # fmt: skip
+    with serve_registry(tmp_path / "registry") as registry:
+        ref = f"{registry}/coldsnap/tiny:v1"
+        try:
+            captured = _cli("capture", "--name", "tiny", "--store", str(first), "--", *launch,
+                            marker=marker, env=env)  # fmt: skip
+            assert captured.returncode == 0, captured.stdout[-4000:] + captured.stderr[-2000:]
+
+            pushed = _cli("push", "tiny", ref, "--store", str(first), "--plain-http", "--json",
+                          marker=marker, env=env)  # fmt: skip
+            assert pushed.returncode == 0, pushed.stdout[-4000:] + pushed.stderr[-2000:]
+            done = json.loads(pushed.stdout.strip().splitlines()[-1])
+            assert done["event"] == "finished" and done["status"] == "done"
+            assert done["result"]["sent"]["count"] > 1
+            shutil.rmtree(first)  # the restore has only what the pull brought
+
+            pulled = _cli("pull", ref, "--store", str(second), "--plain-http",
+                          marker=marker, env=env)  # fmt: skip
+            assert pulled.returncode == 0, pulled.stdout[-4000:] + pulled.stderr[-2000:]
+            result = json.loads(pulled.stdout.strip().splitlines()[-1])
+            assert result["tag"] == "tiny" and result["capsule"] == done["result"]["capsule"]
+            assert result["fetched"]["count"] == done["result"]["sent"]["count"] - 1  # config
+
+            port = free_port()
+            restored = _cli("restore", "tiny", "--store", str(second), "--port", str(port),
+                            marker=marker, env=env)  # fmt: skip
+            assert restored.returncode == 0, restored.stdout[-4000:] + restored.stderr[-2000:]
+            url = f"http://127.0.0.1:{port}"
+            with EngineClient(url, SGLANG_POLICY) as client:
+                client.flush_cache()
+            assert answers(url) == tiny_cold, "the pulled capsule answers unlike the cold start"
+            stopped = _cli("stop", "tiny", marker=marker, env=env)
+            assert stopped.returncode == 0, stopped.stderr
+            assert not _marked(marker), "stop left engine processes running"
+        finally:
+            for pid in _marked(marker):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
