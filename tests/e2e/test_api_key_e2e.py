@@ -5,8 +5,8 @@ n610's image holds that process's memory); the restored server refuses a request
 key, with the throw-away key, with the capture's key and with a wrong key, and answers with the
 restore's key (its health stays open: coldsnap's readiness probes carry none); no process of
 the restored tree has the restore's key in its command line or environment. n610 resumes the
-captured process (the plugin swaps the key), n580 builds the engine at restore (it is started
-with the key)."""
+captured process (the plugin swaps the key; its sleep and wake send the restore's key), n580
+builds the engine at restore (it is started with the key)."""
 
 from __future__ import annotations
 
@@ -117,6 +117,13 @@ def test_a_keyed_server_is_captured_and_restored_and_the_key_is_in_no_capsule_fi
             with contextlib.suppress(psutil.Error):
                 assert restore_key not in " ".join(proc.cmdline())
                 assert restore_key not in json.dumps(proc.environ())
+
+        if driver == "n610":  # sleep and wake send the restore's key too
+            for operation in ("sleep", "wake"):
+                done = _cli(operation, "keyed", marker=marker, env=env)
+                assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+            assert _status(url, "/generate", restore_key) == 200
+            assert _status(url, "/generate", throwaway) == 401
 
         stopped = _cli("stop", "keyed", marker=marker, env=env)
         assert stopped.returncode == 0, stopped.stderr
