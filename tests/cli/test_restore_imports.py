@@ -31,14 +31,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("host")]  # runs the CRI
 
 SOURCES = ("sglang/srt/managers/scheduler.py", "sglang/srt/model_executor/model_runner.py")
 HEAVY = ("sglang", "torch", "sgl_kernel")
-LIGHT_ONLY = ("yaml", "huggingface_hub.file_download")
-"""What a restore by name does without: the recipes' YAML, and the Hub's download module (the
-cache's folder for the capsule's model is named without it)."""
+LIGHT_ONLY = ("yaml", "huggingface_hub.file_download", "rich", "pygments")
+"""What a restore by name does without: the recipes' YAML, the Hub's download module (the
+cache's folder for the capsule's model is named without it), and with `--json` the terminal's
+libraries (rich, and pygments, which httpx's own command-line client would bring)."""
 AUDIT = """
 import atexit, json, sys
 atexit.register(lambda: print("IMPORTED " + json.dumps(sorted(
     n for n in sys.modules
-    if n.split(".")[0] in ("sglang", "torch", "sgl_kernel", "yaml")
+    if n.split(".")[0] in ("sglang", "torch", "sgl_kernel", "yaml", "rich", "pygments")
     or n == "huggingface_hub.file_download"
 )), file=sys.stderr))
 from coldsnap.cli import main
