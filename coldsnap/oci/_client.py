@@ -121,6 +121,14 @@ class Repository:
         session.request = functools.partial(session.request, timeout=TIMEOUT_S)  # type: ignore[method-assign]
         container = oras.container.Container(f"{ref.registry}/{ref.repository}:{ref.tag}")
         self._oras.auth.load_configs(container, configs=docker_configs())
+        # oras-py's Basic backend keeps what it found in `_basic_auth` (none: no attribute, and
+        # an AttributeError at the first challenge): say what is missing before any request
+        if backend == "basic" and not getattr(self._oras.auth, "_basic_auth", None):
+            raise RegistryError(
+                f"the registry {ref.registry} asks for credentials and none were found: "
+                f"`docker login {ref.registry}` (~/.docker/config.json, or $DOCKER_CONFIG/"
+                "config.json), or ORAS_USER and ORAS_PASS"
+            )
 
     def _auth_backend(self, ping: str) -> str:
         """How the registry asks for credentials, from its answer to `GET /v2/` (as docker

@@ -8,6 +8,7 @@ import contextlib
 import shutil
 import subprocess
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,17 +34,22 @@ def registry_binary() -> str:
 
 
 @contextlib.contextmanager
-def serve_registry(root: Path) -> Iterator[str]:
-    """Serves a registry whose storage is `root`/data; yields its `127.0.0.1:PORT`."""
+def serve_registry(root: Path, login: tuple[str, str] | None = None) -> Iterator[str]:
+    """Serves a registry whose storage is `root`/data; yields its `127.0.0.1:PORT`. With
+    `login` (user, password), it asks for them (Basic, an htpasswd file)."""
     binary = registry_binary()
     port = free_port()
     root.mkdir(parents=True, exist_ok=True)
+    auth = ""
+    if login is not None:
+        (root / "htpasswd").write_text(f"{login[0]}:{_bcrypt(login[1])}\n")
+        auth = f"auth:\n  htpasswd:\n    realm: test\n    path: {root / 'htpasswd'}\n"
     config = root / "config.yml"
     config.write_text(
         "version: 0.1\n"
         "log:\n  level: error\n"
         f"storage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n"
-        f"http:\n  addr: 127.0.0.1:{port}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n" + auth
     )
     log = (root / "registry.log").open("wb")
     process = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=log)
@@ -51,7 +57,8 @@ def serve_registry(root: Path) -> Iterator[str]:
         deadline = time.monotonic() + 30
         while True:
             try:
-                if requests.get(f"http://127.0.0.1:{port}/v2/", timeout=2).status_code == 200:
+                answer = requests.get(f"http://127.0.0.1:{port}/v2/", timeout=2)
+                if answer.status_code in (200, 401):  # 401: it serves, and asks for a login
                     break
             except requests.ConnectionError:
                 pass
@@ -69,6 +76,17 @@ def serve_registry(root: Path) -> Iterator[str]:
             process.kill()
             process.wait()
         log.close()
+
+
+def _bcrypt(password: str) -> str:
+    """The bcrypt hash the registry's htpasswd wants, from the C library (Python's crypt
+    module, deprecated but in 3.11; no bcrypt package needed)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import crypt
+
+    # the fewest rounds bcrypt takes: the registry checks the hash at every request
+    return crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))
 
 
 def blob_file(root: Path, digest: str) -> Path:

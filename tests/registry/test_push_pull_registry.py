@@ -5,6 +5,7 @@ resumed where a chunk or a download broke, and blobs verified on this node not h
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -29,7 +30,7 @@ from coldsnap.oci import (
     push,
 )
 
-from ._server import blob_file
+from ._server import blob_file, serve_registry
 
 CHUNK = 64 << 10
 """Chunks this small make the 300 KiB member go up in several PATCHes."""
@@ -250,3 +251,32 @@ def test_the_commands_push_and_pull_with_json_events(registry: str, tmp_path: Pa
                                    "--store", str(tmp_path / "c")])  # fmt: skip
     assert unknown.exit_code == 1 and "MANIFEST_UNKNOWN" in unknown.output
     assert not (tmp_path / "c").exists()
+
+
+def test_credentials_are_read_from_the_docker_config_as_docker_reads_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A registry that asks for a login (Basic): without credentials the push says what is
+    missing; with `$DOCKER_CONFIG/config.json` holding them (as `docker login` writes it),
+    push and pull go through."""
+    capsule = _capsule(tmp_path / "a", "tiny", b"eight")
+    monkeypatch.delenv("ORAS_USER", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.docker/config.json of the host's
+    with serve_registry(tmp_path / "registry", login=("ci", "s3cret")) as host:
+        ref = parse_reference(f"{host}/coldsnap/private:v1")
+        monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))
+        with pytest.raises(RegistryError, match="asks for credentials and none were found"):
+            Repository(ref, plain_http=True)
+        (tmp_path / "docker").mkdir()
+        auth = base64.b64encode(b"ci:wrong").decode()
+        config = tmp_path / "docker" / "config.json"
+        config.write_text(json.dumps({"auths": {host: {"auth": auth}}}))
+        with pytest.raises(RegistryError, match="HTTP 401"):
+            push(Store.open(tmp_path / "a"), "tiny", ref, Repository(ref, plain_http=True),
+                 lambda n: None)  # fmt: skip
+        auth = base64.b64encode(b"ci:s3cret").decode()
+        config.write_text(json.dumps({"auths": {host: {"auth": auth}}}))
+        repo = Repository(ref, plain_http=True)
+        push(Store.open(tmp_path / "a"), "tiny", ref, repo, lambda n: None)
+        pull(tmp_path / "b", ref, repo, lambda n: None, verified=VerifiedObjects(tmp_path / "v"))
+    assert Store.open(tmp_path / "b").capsule("tiny") == capsule
