@@ -16,7 +16,7 @@ import pytest
 import requests
 from click.testing import CliRunner
 
-from coldsnap.artifacts import Capsule, Member, Store
+from coldsnap.artifacts import Capsule, IntegrityError, Member, Store
 from coldsnap.capsules import VerifiedObjects
 from coldsnap.cli import main
 from coldsnap.oci import (
@@ -151,6 +151,22 @@ def test_a_blob_verified_on_this_node_is_not_hashed_again_while_unchanged(
     third = pull(tmp_path / "b", ref, repo, lambda n: None, name="third", verified=verified)
     assert third.rehashed.count == 1 and third.known.count == 2
     assert hashed == [capsule.member("packs/0.pack").digest]
+
+
+def test_a_damaged_object_the_store_holds_refuses_the_pull(registry: str, tmp_path: Path) -> None:
+    """An object the store already holds is hashed before it is taken (it is on no record of
+    this node): bytes that no longer match its name refuse the pull, nothing else changed."""
+    capsule = _capsule(tmp_path / "a", "tiny", b"nine")
+    ref, repo = _repo(registry, "held")
+    push(Store.open(tmp_path / "a"), "tiny", ref, repo, lambda n: None)
+    store = Store.open(tmp_path / "a")
+    store.untag("tiny")
+    held = store.path(capsule.member("packs/0.pack").digest)
+    held.write_bytes(b"x" * held.stat().st_size)
+    before = _snapshot(tmp_path / "a")
+    with pytest.raises(IntegrityError, match="is corrupt"):
+        pull(tmp_path / "a", ref, repo, lambda n: None, verified=VerifiedObjects(tmp_path / "v"))
+    assert _snapshot(tmp_path / "a") == before
 
 
 def test_a_failed_chunk_resumes_from_the_offset_the_registry_holds(
