@@ -106,7 +106,6 @@ def push(name: str, ref: str, store: Path, plain_http: bool, as_json: bool) -> N
     began = time.monotonic()
     with reported(_debug), _failing("push", began, as_json):
         from coldsnap import oci
-
         from coldsnap.artifacts import NoCapsule
 
         from ._store_cmds import _open
