@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import requests
 from click.testing import CliRunner
@@ -19,6 +20,7 @@ from click.testing import CliRunner
 from coldsnap.artifacts import Capsule, IntegrityError, Member, Store
 from coldsnap.capsules import VerifiedObjects
 from coldsnap.cli import main
+from coldsnap.cli._events import schema
 from coldsnap.oci import (
     ArtifactRefused,
     Note,
@@ -252,7 +254,8 @@ def test_the_commands_push_and_pull_with_json_events(registry: str, tmp_path: Pa
                                   "--json", "--name", "copy"])  # fmt: skip
     assert pulled.exit_code == 0, pulled.output
     events = [json.loads(line) for line in pulled.output.strip().splitlines()]
-    assert {e["kind"] for e in events} == {"coldsnap.event"}
+    for event in events:  # the lines capture and restore print: `coldsnap schema event`
+        jsonschema.validate(event, schema())
     assert [e["step"] for e in events if e["event"] == "step_ended"] == [
         "manifest", "config", "present", "fetch", "publish"
     ]  # fmt: skip
