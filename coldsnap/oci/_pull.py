@@ -10,8 +10,9 @@ then the capsule is published under its tag).
 
 A refused pull leaves the store as it was: nothing is installed until every blob fetched has
 hashed to its digest; the temporary files of a refused one are removed, and a store the pull
-made is removed again. Each object fetched is remembered as verified on this node, so that a
-restore of the pulled capsule does not hash it again while its file is unchanged.
+made (with the folders it made for it) is removed again. Each object fetched is remembered as
+verified on this node, so that a restore of the pulled capsule does not hash it again while its
+file is unchanged.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def pull(
     with steps.step("config") as said:
         capsule = capsule_of(served, repository.fetch_small(served.config), where)
         said.done(f"capsule {served.config.digest}")
-    created = not os.path.lexists(root)
+    made = _first_missing(Path(os.path.abspath(root)))
     store = Store(root)
     installed = False
     try:
@@ -123,12 +124,23 @@ def pull(
                 )
             said.done(f"{tag} is {digest}")
     except BaseException:
-        if created and not installed:
-            shutil.rmtree(root, ignore_errors=True)  # made by this pull, holding nothing
+        if made is not None and not installed:
+            shutil.rmtree(made, ignore_errors=True)  # made by this pull, holding nothing else
         raise
     return Pulled(capsule=digest, tag=tag, reference=where, manifest=manifest, fetched=fetched,
                   known=known, rehashed=rehashed,
                   replaced=before if before not in (None, digest) else None)  # fmt: skip
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder of `path` (itself included) that does not exist: what making the
+    store there makes; None when `path` exists."""
+    missing = None
+    for folder in (path, *path.parents):
+        if os.path.lexists(folder):
+            break
+        missing = folder
+    return missing
 
 
 def capsule_names(served: Served) -> dict[str, str]:

@@ -126,9 +126,9 @@ def test_a_corrupted_blob_in_the_registry_is_refused_and_the_store_left_as_it_wa
     with pytest.raises(ArtifactRefused, match=r"member images/pages\.img.*hashes to"):
         pull(other, ref, repo, lambda n: None, verified=verified)
     assert _snapshot(other) == before
-    # into no store at all: none is left behind
+    # into no store at all (nor its folder): none is left behind
     with pytest.raises(ArtifactRefused, match="store left as it was"):
-        pull(tmp_path / "new", ref, repo, lambda n: None, verified=verified)
+        pull(tmp_path / "new" / "store", ref, repo, lambda n: None, verified=verified)
     assert not (tmp_path / "new").exists()
 
 
