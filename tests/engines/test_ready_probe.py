@@ -108,7 +108,8 @@ def ctx(engine: FakeEngine, runtime_dir: Path, pid: int | None = None) -> Any:
         s.ENGINE_PID.name: pid or os.getpid(),
         s.RUNTIME_DIR.name: str(runtime_dir),
     }
-    return SimpleNamespace(facts=facts, check=lambda: None)
+    request = SimpleNamespace(workdir=str(runtime_dir))  # an unkeyed engine's operation
+    return SimpleNamespace(facts=facts, check=lambda: None, request=request)
 
 
 def adapter() -> SGLangEngine:

@@ -124,7 +124,8 @@ def ctx(tmp_path: Path, **facts: Any) -> Any:
     }
     return SimpleNamespace(
         facts={**base, **facts},
-        request=SimpleNamespace(model=SimpleNamespace(path="/models/m"), provider="recovery"),
+        request=SimpleNamespace(model=SimpleNamespace(path="/models/m"), provider="recovery",
+                                workdir=str(tmp_path), engine_args=()),  # fmt: skip
         check=lambda: None,
     )
 
