@@ -347,6 +347,8 @@ that begins several digests is refused, naming them); a REQUEST_FILE is spelled 
 '/', a leading '.', a .json, .yaml or .yml ending; '-': stdin), whatever files exist. Driver,
 provider, engine and engine flags default to the capsule's own; anything after `--` replaces
 the engine flags.
+A keyed capsule (captured with --api-key) is given the key it serves with after `--`: `--
+--api-key KEY` (the key never joins the request; docs/cli.md, API keys).
 The restored server serves on --host and --port, by default those of the captured launch command
 line (else 127.0.0.1 and the port the capture served on); n610 moves the image's listening
 socket there before the restore, n580 builds the engine on them. A port in use is refused first.

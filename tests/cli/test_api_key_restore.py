@@ -43,6 +43,12 @@ def store(tmp_path: Path) -> Path:
     return tmp_path / "store"
 
 
+def test_restore_help_says_how_a_keyed_capsule_is_given_its_key() -> None:
+    text = " ".join(cli("restore", "--help").output.split())
+    assert "A keyed capsule (captured with --api-key) is given the key" in text
+    assert "`-- --api-key KEY`" in text
+
+
 @pytest.mark.parametrize("given", [("--api-key", "k3y"), ("--api-key=k3y",),
                                    ("--api-key", "k3y", "--api-key=k3y")])  # fmt: skip
 def test_the_key_leaves_the_flags_and_the_flag_stays(given: tuple[str, ...]) -> None:
