@@ -249,7 +249,12 @@ class EngineClient:
         )
 
     def acceptance_tokens(self) -> tuple[int, ...]:
-        """Runs the policy's greedy acceptance request; record its ids at capture."""
+        """Runs the policy's greedy acceptance request from an empty prefix cache; record its
+        ids at capture. A prefill that reuses cached tokens computes the rest in other kernels
+        and orders, and with random or near-tied logits that alone changes later tokens: a
+        capture whose engine had served a prompt sharing the acceptance prompt's first tokens
+        recorded ids a restore (whose cache is empty) could never reproduce."""
+        self.flush_cache_when_idle()
         a = self.policy.acceptance
         return self.generate(a.prompt, max_new_tokens=a.max_new_tokens).token_ids
 
@@ -307,6 +312,27 @@ class EngineClient:
             "flush_cache", "POST", self.policy.endpoints.flush_cache,
             timeout=self.policy.timeouts.flush_cache, idempotent=True,
         )  # fmt: skip
+
+    def flush_cache_when_idle(self) -> None:
+        """Flushes the prefix cache, asking again while the engine refuses because a request
+        still runs (HTTP 400: a server that just turned healthy may still be answering its own
+        warm-up request), within the flush timeout; a refusal past it raises."""
+
+        def once() -> httpx.Response:
+            return self._call(
+                "flush_cache", "POST", self.policy.endpoints.flush_cache,
+                timeout=self.policy.timeouts.flush_cache, idempotent=True, ok_status=(200, 400),
+            )  # fmt: skip
+
+        response = tenacity.Retrying(
+            stop=tenacity.stop_after_delay(self.policy.timeouts.flush_cache),
+            wait=tenacity.wait_fixed(0.1),
+            retry=tenacity.retry_if_result(lambda r: r.status_code == 400),
+            sleep=self._sleep,
+            retry_error_callback=lambda state: state.outcome.result(),
+        )(once)
+        if response.status_code != 200:
+            raise EngineError("flush_cache", _error_text(response), response.status_code)
 
     def weights_checksum(self) -> dict[str, Any]:
         """The engine's own per-tensor checksums of the served weights (bit-exact comparisons)."""

@@ -64,10 +64,21 @@ def test_generate_accepts_token_ids_as_prompt() -> None:
     assert rec.bodies()[0]["input_ids"] == [3, 4]
 
 
+def _answers(output_ids: list[int]) -> Handler:
+    """An engine whose prefix cache flushes at once and whose every answer is `output_ids`."""
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.path == SGLANG_POLICY.endpoints.flush_cache:
+            return httpx.Response(200, text="Cache flushed.")
+        return httpx.Response(200, json={"output_ids": output_ids})
+
+    return handler
+
+
 def test_acceptance_passes_on_equal_tokens_and_names_first_difference() -> None:
-    c, rec = client(lambda r: httpx.Response(200, json={"output_ids": [1, 2, 3, 9]}))
+    c, rec = client(_answers([1, 2, 3, 9]))
     assert c.accept([1, 2, 3, 9]) == (1, 2, 3, 9)
-    body = rec.bodies()[0]
+    body = rec.bodies()[1]
     assert body["text"] == SGLANG_POLICY.acceptance.prompt
     assert body["sampling_params"]["max_new_tokens"] == SGLANG_POLICY.acceptance.max_new_tokens
     with pytest.raises(AcceptanceError) as info:
@@ -77,6 +88,41 @@ def test_acceptance_passes_on_equal_tokens_and_names_first_difference() -> None:
     with pytest.raises(AcceptanceError) as info:
         c.accept([1, 2, 3])
     assert info.value.first_difference == 3
+
+
+def test_acceptance_runs_from_an_empty_prefix_cache_waiting_out_a_busy_engine() -> None:
+    """Recorded at capture and compared at restore, the acceptance answer must come from the
+    same (empty) cache: a flush first, asked again while the engine is busy (HTTP 400)."""
+    refusals = [2]
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.path == SGLANG_POLICY.endpoints.flush_cache:
+            if refusals[0]:
+                refusals[0] -= 1
+                return httpx.Response(400, text="Cache not flushed: requests are running")
+            return httpx.Response(200, text="Cache flushed.")
+        return httpx.Response(200, json={"output_ids": [4, 5]})
+
+    c, rec = client(handler)
+    assert c.acceptance_tokens() == (4, 5)
+    paths = [r.url.path for r in rec.requests]
+    flush = SGLANG_POLICY.endpoints.flush_cache
+    assert paths == [flush, flush, flush, SGLANG_POLICY.endpoints.generate]
+
+
+def test_acceptance_is_not_asked_when_the_cache_cannot_be_flushed() -> None:
+    policy = attrs.evolve(
+        SGLANG_POLICY, timeouts=attrs.evolve(SGLANG_POLICY.timeouts, flush_cache=0.0)
+    )
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.path == SGLANG_POLICY.endpoints.flush_cache:
+            return httpx.Response(400, text="Cache not flushed: requests are running")
+        raise AssertionError("generate must not be asked")
+
+    c, _ = client(handler, policy)
+    with pytest.raises(EngineError, match="flush_cache"):
+        c.acceptance_tokens()
 
 
 def test_health_maps_200_and_503_and_raises_on_others() -> None:
