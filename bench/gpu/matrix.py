@@ -4,7 +4,7 @@ not the product).
 
     python3 -P bench/gpu/matrix.py --out OUT [--archs llama-tied,qwen2,...]
         [--variants n610-native,n610-recovery,n580-native,cli] [--restores 2] [--cli-restores 0]
-        [--jobs 4] [--budget 540] [--arch-s 170] [--mem-frac 0.05] [--engine-args "..."]
+        [--jobs 4] [--budget 540] [--arch-s 170] [--mem-frac 0.1] [--engine-args "..."]
         [--root DIR] [--dry]
 
 Per architecture (ENTRIES, in order of importance), in a process of its own (bench/gpu/
@@ -501,7 +501,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cold-s", type=float, default=300.0, help="most time for a cold start")
     p.add_argument("--capture-s", type=float, default=90.0, help="least time to start a capture")
     p.add_argument("--restore-s", type=float, default=25.0, help="least time to start a restore")
-    p.add_argument("--mem-frac", default="0.05", help="--mem-fraction-static of every server")
+    p.add_argument(
+        "--mem-frac", default="0.1",
+        help="--mem-fraction-static of every server (0.05 left a small Llama no KV cache beside "
+        "four others: SGLang sizes it from the memory free when it starts)",
+    )  # fmt: skip
     p.add_argument(
         "--engine-args",
         help="the engines' flags, one string, instead of sglang_machine's GPU flags and "
