@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -30,6 +31,14 @@ class Model(torch.nn.Module):
         self.register_buffer("cos_sin_cache", torch.rand(PAGE_FLOATS), persistent=False)
 
 
+class ResumeRequest(msgspec.Struct):
+    """SGLang's resume request as the hooks handle it (a msgspec struct with tags), without
+    importing SGLang."""
+
+    tags: list[str]
+    rid: str
+
+
 class Reload:
     """SGLang's update_weights_from_disk for one runner: loads the checkpoint's tensors in
     place, then post-processes, which here records the buffer as it finds it."""
@@ -47,10 +56,8 @@ class Reload:
 
 
 def test_recovery_restores_the_residual_before_sglangs_post_load_processing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sglang_cpu: None
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sglang.srt.managers.io_struct import ResumeMemoryOccupationReqInput
-
     model = Model()
     checkpoint = tmp_path / "ckpt"
     checkpoint.mkdir()
@@ -85,7 +92,7 @@ def test_recovery_restores_the_residual_before_sglangs_post_load_processing(
 
     plan = ResumePlan(source=CHECKPOINT_SOURCE, checkpoint=str(checkpoint))
     staged: dict[str, Any] = {"nccl": None}
-    request = ResumeMemoryOccupationReqInput(tags=["weights", "kv_cache"], rid="op1")
+    request = ResumeRequest(tags=["weights", "kv_cache"], rid="op1")
     detail = hooks._resume_with(
         plan, staged, sglang_resume, mgr, request, ["weights", "kv_cache"], (), {}
     )
