@@ -354,9 +354,10 @@ line (else 127.0.0.1 and the port the capture served on); n610 moves the image's
 socket there before the restore, n580 builds the engine on them. A port in use is refused first.
 The served engine is recorded under --serve-as (default: the tag, else the digest's first 12
 hex digits) for `coldsnap status` and `coldsnap stop`. A restore takes back the PIDs its image
-had: to serve a capsule again beside a running restore of it, give --replica (a PID namespace
-of its own, where the driver offers one), its own --port and its own --serve-as. The request
-file's format is `coldsnap schema restore`; --recipe reads it from YAML.
+had: to serve a capsule again beside a running restore of it, give --replica (PID and network
+namespaces of its own, where the driver offers them; its port is served on the host through a
+forwarder), its own --port and its own --serve-as. The request file's format is `coldsnap
+schema restore`; --recipe reads it from YAML.
 """
 
 _RESTORE_OPTIONS = ("store", "workdir", "driver", "provider", "model_path", "serve_as")
@@ -390,7 +391,8 @@ _RESTORE_OPTIONS = ("store", "workdir", "driver", "provider", "model_path", "ser
 @click.option("--serve-as", help="Name the served engine for status/stop [default: NAME].")
 @click.option(
     "--replica", is_flag=True,
-    help="Restore into a PID namespace of its own, beside a running restore of the capsule.",
+    help="Restore into PID and network namespaces of its own, beside a running restore of the "
+    "capsule (give it its own --port and --serve-as).",
 )  # fmt: skip
 @click.option("--print-request", is_flag=True, help="Print the request JSON and exit.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON event per line (docs/cli.md).")

@@ -176,7 +176,9 @@ def state(workdir: Path) -> dict[str, Any]:
     pid, url, runtime = facts.get("engine_pid"), facts.get("engine_url"), facts.get("runtime_dir")
     out["pid"], out["url"] = pid, url
     out["capsule_digest"] = facts.get("capsule_digest")
-    out["running"] = engine_alive(pid, runtime, facts.get("engine_start"))
+    # A replica's processes name the capsule's runtime dir (they see their own one there).
+    seen_as = facts.get("runtime_dir_as") or runtime
+    out["running"] = engine_alive(pid, seen_as, facts.get("engine_start"))
     out["listening"] = out["running"] and listening(url)
     ops = _sleep.operations(workdir)
     out["sleep"] = _sleep.sleep_state(ops)

@@ -1,6 +1,7 @@
-"""n610 honours a restore request's `replica` (a PID namespace of its own), finds the host PIDs
-of processes named by their PIDs inside a restored tree's namespace, and names the image's TCP
-connections that a replica could not take again on this host."""
+"""n610 honours a restore request's `replica` (PID and network namespaces of its own), finds the
+host PIDs of processes named by their PIDs inside a restored tree's namespace, serves a replica
+on the host's port the request names while its image listens on that port inside, and gives
+each replica a runtime dir of its own."""
 
 from __future__ import annotations
 
@@ -12,9 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from coldsnap.backends.inet import listeners
 from coldsnap.drivers._errors import DriverError
+from coldsnap.drivers._processes import HOST_ROOT
 from coldsnap.drivers.n610 import build
-from coldsnap.drivers.n610._driver import held_connections, host_pids, other_pid_namespace
+from coldsnap.drivers.n610._driver import (
+    host_pids,
+    other_pid_namespace,
+    replica_dir,
+    serve_replica_on,
+)
 from coldsnap.machine import RestoreRequest
 
 
@@ -45,27 +53,45 @@ def test_host_pids_map_a_tree_s_namespace_pids_and_name_the_missing() -> None:
     assert not other_pid_namespace(os.getpid())
 
 
-def test_a_connection_of_the_image_held_on_this_host_is_named(tmp_path: Path) -> None:
-    """A replica shares the host's network: CRIU cannot connect an image's established TCP
-    connection again while a running restore of it holds that connection's local end."""
+def test_a_replica_serves_on_the_host_where_asked_and_on_the_loopback_inside(
+    tmp_path: Path,
+) -> None:
     from tests.backends.test_inet import _image, _inet_entry
 
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        client = socket.create_connection(server.getsockname())
-        accepted, _ = server.accept()
-        try:
-            port = client.getsockname()[1]
-            free = _free_port()
-            images = _image(
-                tmp_path,
-                _inet_entry(port, state=1),  # established, held here now
-                _inet_entry(free, state=1),  # established, held by nothing here
-                _inet_entry(port, state=10),  # a listener: rebound, not connected again
-            )
-            assert held_connections(images) == [f"127.0.0.1:{port}"]
-        finally:
-            accepted.close()
-            client.close()
+    wildcard = _inet_entry(40000, addr=0)  # captured with --host 0.0.0.0
+    images = _image(tmp_path, wildcard, _inet_entry(29500))
+    port = _free_port()
+    url, host, served = serve_replica_on(images, "http://127.0.0.1:40000", port)
+    # The forwarder listens where the image did; the engine, inside, on its loopback.
+    assert (url, host, served) == (f"http://127.0.0.1:{port}", "0.0.0.0", port)
+    assert [(x.address, x.port) for x in listeners(images)] == [
+        ("127.0.0.1", port),
+        ("127.0.0.1", 29500),
+    ]
+    again = serve_replica_on(images, "http://127.0.0.1:40000", port, "127.0.0.1")
+    assert again == (f"http://127.0.0.1:{port}", "127.0.0.1", port)  # a retry: as it is
+
+
+def test_a_replica_s_port_in_use_is_refused_before_the_image_changes(tmp_path: Path) -> None:
+    from coldsnap.backends.inet import PortInUse
+    from tests.backends.test_inet import _image, _inet_entry
+
+    images = _image(tmp_path, _inet_entry(40000))
+    with (
+        socket.create_server(("127.0.0.1", 0)) as busy,
+        pytest.raises(PortInUse, match=str(busy.getsockname()[1])),
+    ):
+        serve_replica_on(images, "http://127.0.0.1:40000", busy.getsockname()[1])
+    assert [x.port for x in listeners(images)] == [40000]
+
+
+def test_each_replica_gets_a_runtime_dir_of_its_own_beside_the_capsule_s() -> None:
+    capsule_dir = str(HOST_ROOT / "engine-abc")
+    first, second = replica_dir(capsule_dir), replica_dir(capsule_dir)
+    assert first != second
+    for own in (first, second):
+        assert own.startswith(capsule_dir + ".replica-")
+        assert Path(own).parent == HOST_ROOT
 
 
 def _free_port() -> int:

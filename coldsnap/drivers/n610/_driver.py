@@ -9,14 +9,13 @@ CUDA driver's checkpoint API, and only then lets it run.
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-import psutil
-
-from coldsnap.backends import Criu, PidCollision
-from coldsnap.backends.inet import check_port_free, dial_host, established, rebind
+from coldsnap.backends import Criu, PidCollision, forward
+from coldsnap.backends.inet import check_port_free, dial_host, listeners, rebind
 from coldsnap.backends.procs import kill_tree, tree_pids
 from coldsnap.machine import ComponentError, Launcher, Skipped, StepContext, launch_weights
 
@@ -24,6 +23,7 @@ from .._errors import DriverError
 from .._processes import (
     RUNTIME_ENV,
     Processes,
+    discard_host_dir,
     discard_images,
     discard_restore_work,
     discard_unused,
@@ -114,13 +114,17 @@ class N610Driver:
         engine whose PID was never journaled (the orchestrator died between the spawn or the
         restore and its record) is found by its runtime dir or by CRIU's pidfile.
 
-        Replicas of one capsule share the runtime dir (CRIU restores the environment that
-        names it), so it is removed only while no live process uses it, and a failed restore
-        removes it only when that restore made it."""
+        Every restore of a capsule has the capture's runtime dir in its processes'
+        environment (CRIU restores it), so that dir is removed only while no live process
+        uses it, and a failed restore removes it only when that restore made it. A replica's
+        processes see a dir of its own at that path (`replica_dir`): removed with them."""
         runtime_dir = ctx.facts.get("runtime_dir")
+        env_dir = (ctx.facts.get("capsule") or {}).get("runtime_dir") or runtime_dir
         if ctx.request.operation == "restore":
-            runtime_dir = runtime_dir or (ctx.facts.get("capsule") or {}).get("runtime_dir")
-        belongs = env_is(RUNTIME_ENV, runtime_dir)
+            runtime_dir = runtime_dir or env_dir
+        elif ctx.request.operation != "stop":
+            env_dir = runtime_dir  # a capture's engine: the launcher named its own
+        belongs = env_is(RUNTIME_ENV, env_dir)
         pid = still_ours(ctx, ctx.facts.get("engine_pid"), belongs)
         if ctx.request.operation == "restore":
             found = restored_root(ctx.workdir, belongs)
@@ -139,8 +143,10 @@ class N610Driver:
         made = True  # a capture's launcher made it; a stop removes what its engine used
         if ctx.request.operation == "restore":
             made = bool(ctx.facts.get("runtime_dir_made"))
+        if runtime_dir and runtime_dir != env_dir:
+            discard_host_dir(runtime_dir)  # a replica's own; its processes are stopped
         if made:
-            discard_unused(runtime_dir, belongs)
+            discard_unused(env_dir, belongs)
         discard_restore_work(operation_dir(ctx))
 
     def retire_source(self, ctx: StepContext) -> None:
@@ -210,45 +216,57 @@ class N610Driver:
         images = Path(ctx.facts["image_dir"])
         capsule = ctx.facts["capsule"]
         request = ctx.request
-        if self.restore_pid_namespace and (connections := established(images)):
-            # Refused whether or not another restore holds them now: alone, a replica has
-            # nothing to serve beside, and an engine may check its processes by the PIDs the
-            # image names (SGLang's ranks do), which in a namespace of its own the host lacks.
-            ends = ", ".join(f"{c.address}:{c.port}" for c in connections)
-            held = ", ".join(held_connections(images)) or "none"
-            raise DriverError(
-                f"this capsule's processes hold established TCP connections ({ends}; held on "
-                f"this host now: {held}), which CRIU connects again from the same local "
-                "address and port: a replica of it cannot restore beside another restore of it "
-                "on this host's network. Restore it without --replica: on another host, or "
-                "here once no restore of it runs"
-            )
-        url = serve_on(
-            images, capsule["engine_url"], getattr(request, "port", None),
-            getattr(request, "host", None),
-        )  # fmt: skip
-        runtime_dir = capsule.get("runtime_dir")
+        replica = self.restore_pid_namespace
+        port, host = getattr(request, "port", None), getattr(request, "host", None)
+        listen_host = None
+        if replica:
+            url, listen_host, port = serve_replica_on(images, capsule["engine_url"], port, host)
+        else:
+            url = serve_on(images, capsule["engine_url"], port, host)
+        capsule_dir = capsule.get("runtime_dir")
         if "runtime_dir_made" not in ctx.facts:  # a retried restore keeps its first answer
-            # Journaled before the dir is made: the compensation removes it only if this
-            # restore made it (a replica of the same capsule that serves already has it).
-            ctx.record(runtime_dir=runtime_dir, runtime_dir_made=host_dir_to_make(runtime_dir))
+            # Journaled before the dirs are made: the compensation removes the capsule's only
+            # if this restore made it (a replica of the same capsule that serves already has
+            # it); a replica's own dir is always its own.
+            own = replica_dir(capsule_dir) if replica and capsule_dir else capsule_dir
+            ctx.record(runtime_dir=own, runtime_dir_made=host_dir_to_make(capsule_dir))
+        runtime_dir = ctx.facts["runtime_dir"]
         if ctx.facts["runtime_dir_made"]:
+            make_host_dir(capsule_dir)
+        binds: list[tuple[str, str]] = []
+        if runtime_dir and runtime_dir != capsule_dir:
+            if not host_dir_to_make(runtime_dir) and not Path(runtime_dir).is_dir():
+                raise DriverError(
+                    f"a replica's runtime dir must be one to make on this host: {runtime_dir}"
+                )
             make_host_dir(runtime_dir)
+            binds.append((runtime_dir, capsule_dir))
+        # A replica's port on the host is held from here on (refused at once when taken); its
+        # forwarder takes it over once the tree's network namespace exists.
+        listener = forward.listen(listen_host, port) if listen_host and port else None
         try:
-            tree = self.criu.restore(
-                images,
-                work_dir=ctx.workdir / "criu-restore",
-                stopped=True,
-                detached=True,
-                new_pid_namespace=self.restore_pid_namespace,
-                output=ctx.workdir / "engine.log",  # not the capture's log: it may be gone
-                timeout=ctx.remaining(),
-            )
-        except PidCollision as exc:
-            raise DriverError(
-                f"{exc}. To serve another replica of this capsule beside it, restore with "
-                "`--replica` and its own `--port` (a request's `replica: true`)"
-            ) from exc
+            try:
+                tree = self.criu.restore(
+                    images,
+                    work_dir=ctx.workdir / "criu-restore",
+                    stopped=True,
+                    detached=True,
+                    new_pid_namespace=replica,
+                    new_net_namespace=replica,
+                    binds=binds,
+                    output=ctx.workdir / "engine.log",  # not the capture's log: it may be gone
+                    timeout=ctx.remaining(),
+                )
+            except PidCollision as exc:
+                raise DriverError(
+                    f"{exc}. To serve another replica of this capsule beside it, restore with "
+                    "`--replica` and its own `--port` (a request's `replica: true`)"
+                ) from exc
+            if listener is not None:
+                forward.start(listener, tree.pid, port, ctx.workdir / "forward.log")
+        finally:
+            if listener is not None:
+                listener.close()
         cuda_pids = list(capsule.get("cuda_pids") or ())
         if tree.new_pid_namespace and cuda_pids:  # the capsule names them as its image does
             cuda_pids = host_pids(tree.pid, cuda_pids)
@@ -258,6 +276,7 @@ class N610Driver:
             "engine_log": str(ctx.workdir / "engine.log"),
             "runtime_dir": runtime_dir,
             "runtime_dir_made": ctx.facts["runtime_dir_made"],
+            **({"runtime_dir_as": capsule_dir} if binds else {}),
             **engine_stamp(tree.pid),
             "restore_seconds": tree.seconds,
             "cuda_pids": cuda_pids,
@@ -267,17 +286,6 @@ class N610Driver:
 
     def resume_processes(self, ctx: StepContext) -> None:
         self.processes.resume(ctx.facts["engine_pid"])
-
-
-def held_connections(images: Path) -> list[str]:
-    """The local ends (address:port) of the image's established TCP connections that a socket
-    on this host holds now: a replica's restore would fail on each in CRIU."""
-    held = {
-        (conn.laddr.ip, conn.laddr.port)
-        for conn in psutil.net_connections("tcp")
-        if conn.status == psutil.CONN_ESTABLISHED and conn.laddr
-    }
-    return [f"{c.address}:{c.port}" for c in established(images) if (c.address, c.port) in held]
 
 
 def other_pid_namespace(pid: int) -> bool:
@@ -323,3 +331,31 @@ def serve_on(images: Path, url: str, port: int | None, host: str | None = None) 
     check_port_free(new_host, new_port)
     rebind(images, old_port=captured.port or 0, port=new_port, host=host)
     return captured._replace(netloc=f"{dial_host(new_host)}:{new_port}").geturl()
+
+
+def serve_replica_on(
+    images: Path, url: str, port: int | None, host: str | None = None
+) -> tuple[str, str, int]:
+    """(URL, address, port) a replica serves on: the engine runs in a network namespace of its
+    own and is served through a forwarder that listens on the host, on the request's address
+    or else the one the image's listening socket had, and on the request's port or else the
+    captured one. Inside, the image's socket is moved to that port on the loopback, the only
+    address there."""
+    captured = urlsplit(url)
+    new_port = port or captured.port or 0
+    new_host = host
+    if new_host is None:
+        had = [f.address for f in listeners(images) if f.port in (captured.port, new_port)]
+        new_host = had[0] if had and had[0] not in ("?", "::") else captured.hostname
+    new_host = new_host or "127.0.0.1"
+    check_port_free(new_host, new_port)
+    rebind(images, old_port=captured.port or 0, port=new_port, host="127.0.0.1")
+    served = captured._replace(netloc=f"{dial_host(new_host)}:{new_port}").geturl()
+    return served, new_host, new_port
+
+
+def replica_dir(capsule_dir: str) -> str:
+    """A replica's own runtime dir, beside the capsule's: its processes see it at the
+    capsule's path (their environment names that one), so the records they write there, and
+    the plan a restore writes for them, are never another replica's."""
+    return f"{capsule_dir}.replica-{secrets.token_hex(4)}"

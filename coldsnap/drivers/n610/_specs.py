@@ -24,6 +24,12 @@ RUNTIME_DIR_MADE = fact(
     "serves already has it, and keeps it)",
 )
 
+RUNTIME_DIR_AS = fact(
+    "runtime_dir_as",
+    "a replica's only: the path at which its processes see their runtime dir (their "
+    "environment names the capsule's), bind-mounted from their own (runtime_dir)",
+)
+
 _FREED_BY_KILL = "the process_restore compensation kills the restored tree, which frees this"
 
 CAPTURE = Spec(
@@ -49,6 +55,7 @@ CAPTURE = Spec(
         s.RELEASE_MEMORY,
         s.DESTROY_GRAPHS,
         s.EXPORT,
+        s.REHEARSE_REFILL,
         Step(
             "cuda_lock",
             "driver.cuda_lock",
@@ -99,7 +106,7 @@ RESTORE = Spec(
             timeout_s=600.0,
             needs=(s.IMAGE_DIR, s.CAPSULE),
             makes=(s.ENGINE_PID, s.ENGINE_URL, s.ENGINE_LOG, s.RUNTIME_DIR, RUNTIME_DIR_MADE,
-                   ENGINE_START, RESTORE_SECONDS, CUDA_PIDS),
+                   RUNTIME_DIR_AS, ENGINE_START, RESTORE_SECONDS, CUDA_PIDS),
         ),
         s.RANKS_PRESENT,
         Step(

@@ -16,6 +16,7 @@ import psutil
 from attrs import frozen
 
 from coldsnap._wire import ProcessStatus, StatusError, read_status_as_written, status_path
+from coldsnap.backends.procs import host_pid
 from coldsnap.engines import EngineError
 
 
@@ -129,10 +130,12 @@ def census(
 def _why_not_running(pid: int, engine_pid: int | None) -> str | None:
     """None when `pid` is a live process of the engine's tree (the root `engine_pid` or one of
     its descendants: a reused pid is not taken for the rank), else why not. (SGLang renames
-    its processes, which overwrites their environment, so the tree is what identifies them;
-    the records hold the pids a rank sees, so an engine in a PID namespace of its own cannot
-    be checked from outside it.)"""
+    its processes, which overwrites their environment, so the tree is what identifies them.
+    The records and the capsule hold the pids a rank sees: in an engine restored into a PID
+    namespace of its own, they are mapped to this host's through the engine's tree.)"""
     try:
+        if engine_pid is not None:
+            pid = host_pid(engine_pid, pid)
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return "it has ended (zombie)"
