@@ -144,9 +144,11 @@ def test_one_capsule_serves_three_times_at_once_and_each_stops_alone(
             _cli("status", "--json", marker=marker, serving=serving).stdout)}  # fmt: skip
         assert set(rows) == {"tiny", "tiny-3"} and all(r["running"] for r in rows.values())
 
-        for name in ("tiny", "tiny-3"):
-            ended = _cli("stop", name, marker=marker, serving=serving)
-            assert ended.returncode == 0, ended.stdout[-2000:] + ended.stderr[-2000:]
+        ended = _cli("stop", "tiny", marker=marker, serving=serving)  # the plain restore
+        assert ended.returncode == 0, ended.stdout[-2000:] + ended.stderr[-2000:]
+        assert answers(urls[2]) == tiny_cold, "tiny-3 stopped serving with tiny"
+        ended = _cli("stop", "tiny-3", marker=marker, serving=serving)
+        assert ended.returncode == 0, ended.stdout[-2000:] + ended.stderr[-2000:]
         assert not _marked(marker), "a stop left engine processes running"
         assert not _forwarders(ports, nsenter=True), "a stop left a forwarder running"
         assert all(_port_free(port) for port in ports)
