@@ -52,8 +52,9 @@ DEFAULT_BINARIES = ("/usr/local/sbin/criu",)
 _NS_CHILD = Path(__file__).with_name("_ns_child.py")
 DUMP_LOG = "dump.log"
 RESTORE_LOG = "restore.log"
-# One restore at a time puts files back at their shared paths and runs CRIU on them.
-_RESTORE_LOCK = Path(tempfile.gettempdir()) / "coldsnap-criu-restore.lock"
+# One CRIU dump or restore at a time on a host: both make or put back files at shared paths
+# (/dev/shm/link_remap.N) while CRIU runs.
+_CRIU_LOCK = Path(tempfile.gettempdir()) / "coldsnap-criu.lock"
 
 
 @frozen(order=True)
@@ -228,47 +229,54 @@ class Criu:
             *extra_args,
         ]
 
-        with tempfile.TemporaryDirectory(prefix="coldsnap-criu-") as scratch:
-            save = [
-                sys.executable,
-                "-E",
-                "-s",
-                "-S",
-                str(Path(_files.__file__)),
-                str(images),
-                *extras,
-            ]
-            hook = _write_hook(
-                Path(scratch) / "post-dump.sh", "post-dump", [f"exec {shlex.join(save)}"]
-            )
-            started = time.perf_counter()
-            self._run("dump", [*args, "--action-script", str(hook)], images / DUMP_LOG, timeout)
-            seconds = time.perf_counter() - started
+        # The dump holds the host's CRIU lock from before CRIU runs until its link_remap.N
+        # links are gone, as a restore holds it while its saved links are back: CRIU numbers
+        # those links by file id, images of the same shape share the ids, and a dump or
+        # restore beside another fails ("Can't link remap ... File exists").
+        with filelock.FileLock(_CRIU_LOCK):
+            with tempfile.TemporaryDirectory(prefix="coldsnap-criu-") as scratch:
+                save = [
+                    sys.executable,
+                    "-E",
+                    "-s",
+                    "-S",
+                    str(Path(_files.__file__)),
+                    str(images),
+                    *extras,
+                ]
+                hook = _write_hook(
+                    Path(scratch) / "post-dump.sh", "post-dump", [f"exec {shlex.join(save)}"]
+                )
+                started = time.perf_counter()
+                self._run("dump", [*args, "--action-script", str(hook)], images / DUMP_LOG, timeout)
+                seconds = time.perf_counter() - started
 
-        try:
-            tasks = read_pstree(images)
-        except (OSError, ImageFormatError) as exc:
-            raise CriuError(
-                "dump", f"the image has no readable pstree.img: {exc}", log_path=images / DUMP_LOG
-            ) from None
-        saved = tuple(
-            SavedFile(
-                path=p,
-                saved_as=_files.saved_name(p),
-                size=(images / _files.saved_name(p)).stat().st_size,
+            try:
+                tasks = read_pstree(images)
+            except (OSError, ImageFormatError) as exc:
+                raise CriuError(
+                    "dump",
+                    f"the image has no readable pstree.img: {exc}",
+                    log_path=images / DUMP_LOG,
+                ) from None
+            saved = tuple(
+                SavedFile(
+                    path=p,
+                    saved_as=_files.saved_name(p),
+                    size=(images / _files.saved_name(p)).stat().st_size,
+                )
+                for p in _saved_paths(images)
             )
-            for p in _saved_paths(images)
-        )
-        if not leave_running and tasks[0].pid != 1:
-            # The dump killed the tree. Its members other than the root (the caller's child,
-            # whose status the caller may want) now belong to the nearest subreaper: if that
-            # is us, reap them so their PIDs are free for a restore.
-            _reap_leftovers(tasks[1:])
-        if not leave_running:
-            # CRIU leaves its link_remap.N links behind after a dump that kills the tree; the
-            # image has copies, and a leftover would make the next dump that picks the same
-            # N fail ("Can't link remap ... File exists").
-            _files.remove_link_remaps([f.path for f in saved])
+            if not leave_running and tasks[0].pid != 1:
+                # The dump killed the tree. Its members other than the root (the caller's child,
+                # whose status the caller may want) now belong to the nearest subreaper: if that
+                # is us, reap them so their PIDs are free for a restore.
+                _reap_leftovers(tasks[1:])
+            if not leave_running:
+                # CRIU leaves its link_remap.N links behind after a dump that kills the tree; the
+                # image has copies, and a leftover would make the next dump that picks the same
+                # N fail ("Can't link remap ... File exists").
+                _files.remove_link_remaps([f.path for f in saved])
         manifest = DumpManifest(
             root_pid=tasks[0].pid,
             pids=tuple(sorted({t.pid for t in tasks} | {tid for t in tasks for tid in t.threads})),
@@ -383,7 +391,7 @@ class Criu:
 
         with (
             _opened_output(output if redirected else None) as out_fd,
-            filelock.FileLock(_RESTORE_LOCK),
+            filelock.FileLock(_CRIU_LOCK),
         ):
             pass_fds = () if out_fd is None else (out_fd,)
             if out_fd is not None:
