@@ -129,6 +129,11 @@ class Engine(Component, Protocol):
         """Undoes release at capture: the weights come back from the model's checkpoint."""
         ...
 
+    def rehearse_refill(self, ctx: StepContext) -> StepResult:
+        """At capture, once released and exported: resumes the engine as a restore would refill
+        it, raises unless it gives the recorded acceptance answer, and releases again."""
+        ...
+
     def resume_weights(self, ctx: StepContext) -> StepResult:
         """Hands the engine `weight_source` and resumes the weights; returns once refilled."""
         ...

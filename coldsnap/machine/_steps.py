@@ -161,6 +161,20 @@ EXPORT = Step(
     needs=(EXPORT_DIR,),
     makes=(PAYLOAD_DIR, PAYLOAD_BYTES, PACKS),
 )
+REHEARSE_REFILL = Step(
+    "rehearse_refill",
+    "engine.rehearse_refill",
+    "before anything is dumped or sealed: resume the released engine through the resume plan a "
+    "restore of this capsule sends (the payload just exported, verified as it is read, or the "
+    "model's checkpoint), ask the acceptance request from an empty prefix cache and compare it "
+    "with the recorded answer, then release again (a refilled engine exports nothing); a "
+    "difference refuses the capture, since every restore would answer otherwise",
+    no_compensation="the step releases again what it resumed, also when the answers differ, "
+    "and release_memory's compensation resumes whatever is released from the model's checkpoint",
+    timeout_s=1800.0,
+    needs=(ENGINE_URL, RUNTIME_DIR, ENGINE_PID, ACCEPTANCE_TOKENS, WEIGHT_SOURCE),
+    uses=(PAYLOAD_DIR,),
+)
 SEAL = Step(
     "seal_artifact",
     "artifacts.seal",

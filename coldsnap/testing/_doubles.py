@@ -565,6 +565,23 @@ class MemoryEngine(_Double):
     def recapture_graphs(self, ctx: StepContext) -> None:
         self._set(ctx, "recapture_graphs", graphs=True)
 
+    def rehearse_refill(self, ctx: StepContext) -> None:
+        """Refills as a restore would (the exported payload, or the checkpoint), compares the
+        acceptance tokens, and leaves the engine released again either way."""
+        self._call(ctx, "engine.rehearse_refill")
+        source = WeightSource.from_fact(ctx.facts[s.WEIGHT_SOURCE.name])
+        if source.payload:
+            weights = self.world.read(ctx.facts[s.PAYLOAD_DIR.name])["weights"]
+        else:
+            weights = checkpoint_weights(str(source.checkpoint))
+        want = ctx.facts[s.ACCEPTANCE_TOKENS.name]
+        self._proc(ctx).update(weights="released", kv="released")
+        if _tokens(weights) != want:
+            raise RuntimeError(
+                f"the engine answers differently after a release and refill: recorded {want}, "
+                f"refilled {_tokens(weights)}"
+            )
+
     def resume_weights(self, ctx: StepContext) -> dict[str, Any]:
         source = WeightSource.from_fact(ctx.facts[s.WEIGHT_SOURCE.name])
         if source.payload:

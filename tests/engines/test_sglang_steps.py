@@ -160,7 +160,8 @@ def test_each_step_returns_only_what_its_step_makes(tmp_path: Path, graphs: bool
         s.TP_SIZE.name: 1,
         s.RANK_PIDS.name: {"scheduler-tp0": os.getpid()},
     }
-    c = ctx(tmp_path, **{s.CAPSULE.name: capsule, s.WEIGHT_SOURCE.name: source})
+    facts = {s.CAPSULE.name: capsule, s.WEIGHT_SOURCE.name: source}
+    c = ctx(tmp_path, **facts, **{s.ACCEPTANCE_TOKENS.name: TOKENS})
     for method, step in ENGINE_STEPS.items():
         made = getattr(engine, method)(c) or {}
         assert set(made) <= {f.name for f in step.makes}, method

@@ -29,7 +29,8 @@ CONTRACT = {
     "capture-n610": [
         "choose_weights", "launch_engine", "wait_healthy", "acceptance_record", "quiesce",
         "release_memory",
-        "destroy_graphs", "export_payload", "cuda_lock", "cuda_checkpoint", "process_dump",
+        "destroy_graphs", "export_payload", "rehearse_refill", "cuda_lock", "cuda_checkpoint",
+        "process_dump",
         "seal_artifact", "retire_source",
     ],
     "restore-n610": [

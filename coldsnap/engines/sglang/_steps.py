@@ -260,6 +260,68 @@ class SGLangEngine(SGLangCommandLine):
         with self._client(ctx) as client:
             client.resume([CUDA_GRAPH])
 
+    def rehearse_refill(self, ctx: StepContext) -> None:
+        """Refills the released engine as a restore of this capsule will, before anything is
+        dumped or sealed: the resume plan a restore sends (the payload just exported, which
+        the plugin verifies block by block as it reads it, since nothing else has; or the
+        model's checkpoint), the weights first and then the rest, as resume_weights and
+        resume_rest do. Then the acceptance request, from an empty prefix cache, must give the
+        recorded tokens. Either way the engine is released again, the prefix cache flushed
+        first (the snapshot holds no cached prefix), and the release checked as
+        release_memory's is; it writes no second payload, because the plugin exports only
+        from weights the engine did not refill from a payload (a payload refill marks it), and
+        an engine that reloads its checkpoint was never started to export. A difference then
+        raises EngineError naming the first differing position: every restore would answer
+        otherwise, so nothing is sealed, and release_memory's compensation gives the engine
+        its checkpoint's weights back."""
+        from coldsnap.engines import AcceptanceError  # this method's alone
+
+        runtime_dir = Path(ctx.facts[s.RUNTIME_DIR.name])
+        pid = int(ctx.facts[s.ENGINE_PID.name])
+        recorded = ctx.facts[s.ACCEPTANCE_TOKENS.name]
+        source = WeightSource.from_fact(ctx.facts[s.WEIGHT_SOURCE.name])
+        if source.payload:
+            payload = ctx.facts.get(s.PAYLOAD_DIR.name)
+            if not payload:
+                raise EngineError(
+                    "rehearse_refill",
+                    "the engine was started to export a payload, but no payload was exported "
+                    "to refill it from (fact payload_dir)",
+                )
+            source = WeightSource(source="payload", payload_dir=str(payload), preverified=False)
+        self._write_plan(ctx, source.to_fact())
+        rest = [KV_CACHE, CUDA_GRAPH] if self.graphs else [KV_CACHE]
+        tp = int(getattr(ctx.request, "tp", None) or 1)
+        differs: AcceptanceError | None = None
+        with self._client(ctx) as client:
+            client.resume([WEIGHTS])
+            client.resume(rest)
+            try:
+                client.accept(recorded)
+            except AcceptanceError as exc:
+                differs = exc
+            client.flush_cache_when_idle()
+            started = time.time()
+            _release_all(client, runtime_dir, tp, pid, "rehearse_refill")
+            if self.rank_reports:
+                _check_rank_count(runtime_dir, tp, started, step="rehearse_refill")
+            try:
+                _check_release(runtime_dir, started, cuda=self.cuda)
+            except EngineError as exc:
+                raise EngineError("rehearse_refill", f"the release again: {exc}") from exc
+            if self.graphs:  # as destroy_graphs did, after the weights and the KV cache
+                client.release([CUDA_GRAPH])
+        if differs is not None:
+            where = source.payload_dir if source.payload else f"checkpoint {source.checkpoint}"
+            raise EngineError(
+                "rehearse_refill",
+                f"the engine answers differently after a release and refill (from {where}): "
+                "its acceptance token ids differ from those recorded at position "
+                f"{differs.first_difference} (recorded {list(differs.expected)}, refilled "
+                f"{list(differs.got)}); every restore of this capsule would answer otherwise, so "
+                "the capture is refused and nothing is sealed",
+            ) from differs
+
     # -- restore ------------------------------------------------------------------------------
 
     def resume_weights(self, ctx: StepContext) -> dict[str, Any]:
