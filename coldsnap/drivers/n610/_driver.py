@@ -119,7 +119,9 @@ class N610Driver:
         uses it, and a failed restore removes it only when that restore made it. A replica's
         processes see a dir of its own at that path (`replica_dir`): removed with them."""
         runtime_dir = ctx.facts.get("runtime_dir")
-        env_dir = (ctx.facts.get("capsule") or {}).get("runtime_dir") or runtime_dir
+        env_dir = runtime_dir
+        if ctx.request.operation != "capture":  # a capture has no capsule, nor may read one
+            env_dir = (ctx.facts.get("capsule") or {}).get("runtime_dir") or runtime_dir
         if ctx.request.operation == "restore":
             runtime_dir = runtime_dir or env_dir
         elif ctx.request.operation != "stop":
