@@ -173,6 +173,7 @@ def assert_like_cold(s: Served) -> None:
 
 def test_hooks_landed_in_main_and_scheduler(served: Served) -> None:
     from coldsnap.plugin import CONTRACTS, Settings, StatusFile, digest
+    from coldsnap.plugin._auth import AUTH_TARGET
     from coldsnap.plugin._gate import STATE_FIELD_CONTRACT, STATUS_GUARD_TARGET, HealthGate
     from coldsnap.plugin._scheduler import FINALIZE_CONTRACT, SchedulerHooks
 
@@ -193,6 +194,7 @@ def test_hooks_landed_in_main_and_scheduler(served: Served) -> None:
     # follow them; the status guard comes last).
     gate_hooks = [t for t, _, _ in gate.targets()]
     sched_hooks = [t for t, _, _ in hooks.targets()]
+    assert AUTH_TARGET in main["hooks"] and AUTH_TARGET not in sched["hooks"]  # the key check
     if served.release == "0.5.23":  # this process runs 0.5.23 too
         assert main["hooks"][: len(gate_hooks)] == gate_hooks
         assert sched["hooks"][: len(sched_hooks)] == sched_hooks
