@@ -348,6 +348,7 @@ class MemoryProcessDriver(_MemoryDriver):
             s.ENGINE_LOG.name: str(ctx.workdir / "engine.log"),
             s.RUNTIME_DIR.name: capsule[s.RUNTIME_DIR.name],
             n610.RUNTIME_DIR_MADE.name: True,  # the memory world keeps no directories
+            n610.RUNTIME_DIR_AS.name: capsule[s.RUNTIME_DIR.name],
             RESTORE_SECONDS.name: 0.0,
             CUDA_PIDS.name: [pid] if image.get("cuda") else [],
         }

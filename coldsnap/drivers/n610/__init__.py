@@ -7,7 +7,7 @@ from typing import Any
 from coldsnap.machine import Engine, Registry
 
 from ._driver import N610Driver, default_cuda
-from ._specs import CAPTURE, CUDA_PIDS, RESTORE, RUNTIME_DIR_MADE, STOP
+from ._specs import CAPTURE, CUDA_PIDS, RESTORE, RUNTIME_DIR_AS, RUNTIME_DIR_MADE, STOP
 
 
 def build(request: Any, engine: Engine) -> N610Driver:
@@ -37,6 +37,7 @@ __all__ = [
     "CAPTURE",
     "CUDA_PIDS",
     "RESTORE",
+    "RUNTIME_DIR_AS",
     "RUNTIME_DIR_MADE",
     "STOP",
     "N610Driver",

@@ -278,7 +278,7 @@ class N610Driver:
             "engine_log": str(ctx.workdir / "engine.log"),
             "runtime_dir": runtime_dir,
             "runtime_dir_made": ctx.facts["runtime_dir_made"],
-            **({"runtime_dir_as": capsule_dir} if binds else {}),
+            "runtime_dir_as": capsule_dir if binds else runtime_dir,
             **engine_stamp(tree.pid),
             "restore_seconds": tree.seconds,
             "cuda_pids": cuda_pids,

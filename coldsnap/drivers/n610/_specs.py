@@ -26,8 +26,9 @@ RUNTIME_DIR_MADE = fact(
 
 RUNTIME_DIR_AS = fact(
     "runtime_dir_as",
-    "a replica's only: the path at which its processes see their runtime dir (their "
-    "environment names the capsule's), bind-mounted from their own (runtime_dir)",
+    "the path at which the engine's processes see their runtime dir, which their environment "
+    "names (the capsule's): runtime_dir itself, but for a replica, whose own runtime_dir is "
+    "bind-mounted there",
 )
 
 _FREED_BY_KILL = "the process_restore compensation kills the restored tree, which frees this"
