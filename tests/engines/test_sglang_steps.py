@@ -124,8 +124,12 @@ def ctx(tmp_path: Path, **facts: Any) -> Any:
     }
     return SimpleNamespace(
         facts={**base, **facts},
-        request=SimpleNamespace(model=SimpleNamespace(path="/models/m"), provider="recovery",
-                                workdir=str(tmp_path), engine_args=()),  # fmt: skip
+        request=SimpleNamespace(
+            model=SimpleNamespace(path="/models/m"),
+            provider="recovery",
+            workdir=str(tmp_path),
+            engine_args=(),
+        ),
         check=lambda: None,
     )
 
