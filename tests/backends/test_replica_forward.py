@@ -23,7 +23,7 @@ from coldsnap.backends.inet import PortInUse
 from coldsnap.backends.procs import host_pid, namespace_pid, tree_pids
 from tests._support import free_port, need
 
-pytestmark = [pytest.mark.criu]
+pytestmark = [pytest.mark.criu, pytest.mark.xdist_group("toys")]
 
 # Inside the namespaces: write what this process sees at TARGET, then serve an echo with a
 # prefix on 127.0.0.1:PORT (the namespace's own loopback, up only if the helper set it up).

@@ -18,7 +18,7 @@ from coldsnap.backends.procs import namespace_pid, tree_pids
 from coldsnap.engines.sglang._ranks import absent_ranks
 from tests._support import need
 
-pytestmark = [pytest.mark.criu]
+pytestmark = [pytest.mark.criu, pytest.mark.xdist_group("toys")]
 
 # The namespace's init starts one child (a "rank") and waits; both sleep until killed.
 _TREE = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', " \
