@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -54,6 +56,36 @@ def _pristine_env() -> dict[str, str]:
 
 
 PRISTINE_ENV = _pristine_env()
+
+MARKER = "COLDSNAP_E2E_TEST_MARKER"
+"""Set in the environment of every command a test runs; every process those commands start
+inherits it, and CRIU restores a process's environment as it started, so a test finds what it
+left running whatever the command lines say."""
+
+
+def run_cli(
+    *args: str, marker: str, env: dict[str, str] | None = None, name: str = MARKER
+) -> subprocess.CompletedProcess[str]:
+    """`python -m coldsnap.cli ARGS` with the environment this session started with, marked."""
+    return subprocess.run(
+        [sys.executable, "-m", "coldsnap.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=540,  # under pytest's own 600 s per test
+        env={**PRISTINE_ENV, name: marker, **(env or {})},
+    )
+
+
+def marked_pids(marker: str, name: str = MARKER) -> list[int]:
+    """PIDs of the live processes whose environment carries `name`=`marker`."""
+    found = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        if proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        with contextlib.suppress(psutil.Error, OSError):
+            if proc.environ().get(name) == marker:
+                found.append(proc.info["pid"])
+    return found
 
 
 def _why_not() -> str | None:

@@ -16,8 +16,6 @@ import os
 import secrets
 import shutil
 import signal
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -28,7 +26,7 @@ import pytest
 from coldsnap.machine import JOURNAL_NAME, read_journal
 from tests._support import free_port
 
-from .conftest import PRISTINE_ENV
+from .conftest import marked_pids, run_cli
 
 pytestmark = [
     pytest.mark.criu,
@@ -36,28 +34,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.xdist_group("host"),
 ]
-MARKER = "COLDSNAP_E2E_TEST_MARKER"
-
-
-def _cli(*args: str, marker: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "coldsnap.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=540,
-        env={**PRISTINE_ENV, MARKER: marker, **env},
-    )
-
-
-def _marked(marker: str) -> list[int]:
-    found = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        if proc.info["status"] == psutil.STATUS_ZOMBIE:
-            continue
-        with contextlib.suppress(psutil.Error, OSError):
-            if proc.environ().get(MARKER) == marker:
-                found.append(proc.info["pid"])
-    return found
 
 
 def _files_holding(root: Path, needle: bytes) -> list[str]:
@@ -83,7 +59,7 @@ def test_a_keyed_server_is_captured_and_restored_and_the_key_is_in_no_capsule_fi
               "--api-key", captured_key]  # fmt: skip
     port = free_port()
     try:
-        done = _cli("capture", "--name", "keyed", "--driver", driver, "--store", str(store),
+        done = run_cli("capture", "--name", "keyed", "--driver", driver, "--store", str(store),
                     "--workdir", str(tmp_path / "capture"), "--", *launch, marker=marker,
                     env=env)  # fmt: skip
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
@@ -91,12 +67,12 @@ def test_a_keyed_server_is_captured_and_restored_and_the_key_is_in_no_capsule_fi
         assert request["engine_args"].count("--api-key") == 1, request
         throwaway = json.loads((tmp_path / "capture" / "api-key").read_text())["key"]
 
-        unkeyed = _cli("restore", "keyed", "--store", str(store), "--port", str(port),
+        unkeyed = run_cli("restore", "keyed", "--store", str(store), "--port", str(port),
                        "--model-path", str(tiny_llama), marker=marker, env=env)  # fmt: skip
         assert unkeyed.returncode == 2, unkeyed.stderr
         assert "was captured with --api-key" in unkeyed.stderr
 
-        restored = _cli("restore", "keyed", "--store", str(store), "--port", str(port),
+        restored = run_cli("restore", "keyed", "--store", str(store), "--port", str(port),
                         "--model-path", str(tiny_llama), "--workdir", str(tmp_path / "restore"),
                         "--", "--api-key", restore_key, marker=marker, env=env)  # fmt: skip
         assert restored.returncode == 0, restored.stdout[-4000:] + restored.stderr[-2000:]
@@ -112,7 +88,7 @@ def test_a_keyed_server_is_captured_and_restored_and_the_key_is_in_no_capsule_fi
         for key in (captured_key, restore_key):  # the throw-away may be: n610 dumps its process
             assert not _files_holding(store, key.encode()), "a given key is in the store"
         assert not _files_holding(tmp_path / "capture", captured_key.encode())
-        for pid in _marked(marker):
+        for pid in marked_pids(marker):
             proc = psutil.Process(pid)
             with contextlib.suppress(psutil.Error):
                 assert restore_key not in " ".join(proc.cmdline())
@@ -120,15 +96,15 @@ def test_a_keyed_server_is_captured_and_restored_and_the_key_is_in_no_capsule_fi
 
         if driver == "n610":  # sleep and wake send the restore's key too
             for operation in ("sleep", "wake"):
-                done = _cli(operation, "keyed", marker=marker, env=env)
+                done = run_cli(operation, "keyed", marker=marker, env=env)
                 assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
             assert _status(url, "/generate", restore_key) == 200
             assert _status(url, "/generate", throwaway) == 401
 
-        stopped = _cli("stop", "keyed", marker=marker, env=env)
+        stopped = run_cli("stop", "keyed", marker=marker, env=env)
         assert stopped.returncode == 0, stopped.stderr
     finally:
-        for pid in _marked(marker):
+        for pid in marked_pids(marker):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(store, ignore_errors=True)

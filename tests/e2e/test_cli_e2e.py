@@ -16,18 +16,15 @@ import re
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import jsonschema
-import psutil
 import pytest
 
 from tests._support import free_port
 
-from .conftest import PRISTINE_ENV
+from .conftest import marked_pids, run_cli
 
 pytestmark = [
     pytest.mark.criu,
@@ -35,34 +32,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.xdist_group("host"),
 ]
-MARKER = "COLDSNAP_E2E_TEST_MARKER"
-
-
-def _cli(
-    *args: str, marker: str, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """`python -m coldsnap.cli ARGS` with the environment this test session started with.
-
-    Every process it starts inherits the marker (CRIU restores the environment a process
-    started with), so leftovers can be found whatever their command lines say."""
-    return subprocess.run(
-        [sys.executable, "-m", "coldsnap.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=540,  # under pytest's own 600 s per test
-        env={**PRISTINE_ENV, MARKER: marker, **(env or {})},
-    )
-
-
-def _marked(marker: str) -> list[str]:
-    found = []
-    for proc in psutil.process_iter(["pid", "name", "status"]):
-        if proc.info["status"] == psutil.STATUS_ZOMBIE:
-            continue
-        with contextlib.suppress(psutil.Error, OSError):
-            if proc.environ().get(MARKER) == marker:
-                found.append(f"{proc.info['pid']} {proc.info['name']}")
-    return found
 
 
 def _figure(label: str, unit: str, text: str) -> float:
@@ -73,7 +42,7 @@ def _figure(label: str, unit: str, text: str) -> float:
 
 def test_the_demo_prints_cold_start_restore_and_their_ratio(e2e_ready: None) -> None:
     marker = uuid.uuid4().hex
-    done = _cli("demo", marker=marker)
+    done = run_cli("demo", marker=marker)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr[-4000:]
     cold = _figure("cold start to first answer", "s", out)
@@ -86,7 +55,7 @@ def test_the_demo_prints_cold_start_restore_and_their_ratio(e2e_ready: None) -> 
     workdir = re.search(r"^work directory: (\S+)$", out, re.MULTILINE)
     assert workdir, out
     assert not Path(workdir[1]).exists(), "the demo left its work directory behind"
-    assert not _marked(marker), "the demo left processes running"
+    assert not marked_pids(marker), "the demo left processes running"
 
 
 def _port_free(port: int) -> bool:
@@ -109,25 +78,27 @@ def test_capture_your_own_server_restore_it_on_your_port_then_stop_and_gc(
     user_port, port = free_port(), free_port()
     launch = ["python", "-m", "sglang.launch_server", "--model-path", str(tiny_llama),
               "--port", str(user_port)]  # fmt: skip
-    printed = _cli("capture", "--print-request", "--name", "tiny", "--store", store, "--", *launch,
-                   marker=marker)  # fmt: skip
+    printed = run_cli(
+        "capture", "--print-request", "--name", "tiny", "--store", store, "--", *launch,
+        marker=marker,
+    )  # fmt: skip
     assert printed.returncode == 0, printed.stderr
     request = json.loads(printed.stdout)
     assert request["kind"] == "coldsnap.capture-request" and request["engine_args"] == []
     assert f"restores serve on your 127.0.0.1:{user_port}" in printed.stderr
     assert request["serve_port"] == user_port
     (tmp_path / "capture.json").write_text(printed.stdout)
-    planned = _cli("plan", str(tmp_path / "capture.json"), marker=marker)
+    planned = run_cli("plan", str(tmp_path / "capture.json"), marker=marker)
     assert planned.returncode == 0, planned.stderr[-2000:]
     assert not Path(request["workdir"]).exists(), "plan started the operation"
 
     try:
-        done = _cli("capture", "--name", "tiny", "--store", store, "--", *launch, marker=marker)
+        done = run_cli("capture", "--name", "tiny", "--store", store, "--", *launch, marker=marker)
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
         assert json.loads(done.stdout.strip().splitlines()[-1])["outcome"] == "done"
-        assert not _marked(marker), "the capture left its source running"
+        assert not marked_pids(marker), "the capture left its source running"
 
-        restored = _cli("restore", "tiny", "--store", store, "--port", str(port), marker=marker,
+        restored = run_cli("restore", "tiny", "--store", store, "--port", str(port), marker=marker,
                         env=serving)  # fmt: skip
         assert restored.returncode == 0, restored.stdout[-4000:] + restored.stderr[-2000:]
         result = json.loads(restored.stdout.strip().splitlines()[-1])
@@ -137,33 +108,33 @@ def test_capture_your_own_server_restore_it_on_your_port_then_stop_and_gc(
         assert answers(url) == expected, "the restored server answers unlike the cold start"
         assert _port_free(user_port)
 
-        slept = _cli("sleep", "--json", "tiny", marker=marker, env=serving)
+        slept = run_cli("sleep", "--json", "tiny", marker=marker, env=serving)
         assert slept.returncode == 0, slept.stdout + slept.stderr[-2000:]
         freed = json.loads(slept.stdout.strip().splitlines()[-1])["result"]["sleep_record"]
         assert freed["host_bytes"] > 0 and freed["healthy_while_asleep"] is False, freed
         assert freed["exported"] is False, "the sleep wrote another copy of the weights"
-        asleep = json.loads(_cli("status", "--json", "tiny", marker=marker, env=serving).stdout)
+        asleep = json.loads(run_cli("status", "--json", "tiny", marker=marker, env=serving).stdout)
         assert asleep["sleep"] == "asleep" and asleep["running"], asleep
-        woke = _cli("wake", "tiny", marker=marker, env=serving)
+        woke = run_cli("wake", "tiny", marker=marker, env=serving)
         assert woke.returncode == 0, woke.stdout + woke.stderr[-2000:]
         assert answers(url) == expected, "after wake the server answers unlike the cold start"
 
-        listed = _cli("ls", "--store", store, marker=marker)
+        listed = run_cli("ls", "--store", store, marker=marker)
         assert listed.returncode == 0 and "tiny" in listed.stdout, listed.stderr
-        status = _cli("status", "--json", "tiny", marker=marker, env=serving)
+        status = run_cli("status", "--json", "tiny", marker=marker, env=serving)
         assert status.returncode == 0, status.stderr
         state = json.loads(status.stdout)
         assert state["running"] and state["listening"] and state["url"] == url
         assert state["pid"] == result["pid"] and state["state"] == "done"
 
-        stopped = _cli("stop", "tiny", marker=marker, env=serving)
+        stopped = run_cli("stop", "tiny", marker=marker, env=serving)
         assert stopped.returncode == 0, stopped.stderr
         assert f"stopped tiny (pid {result['pid']}" in stopped.stdout
-        assert not _marked(marker), "stop left engine processes running"
+        assert not marked_pids(marker), "stop left engine processes running"
         assert _port_free(port)
-        after = _cli("status", "--json", result["workdir"], marker=marker, env=serving)
+        after = run_cli("status", "--json", result["workdir"], marker=marker, env=serving)
         assert after.returncode == 0 and not json.loads(after.stdout)["running"], after.stderr
-        assert "nothing serving" in _cli("status", marker=marker, env=serving).stdout
+        assert "nothing serving" in run_cli("status", marker=marker, env=serving).stdout
 
         # The restored tree outlived the `coldsnap restore` that made it and was adopted by this
         # test process (a subreaper since in-process drivers ran here), so what `coldsnap stop`
@@ -173,28 +144,28 @@ def test_capture_your_own_server_restore_it_on_your_port_then_stop_and_gc(
         from coldsnap.backends import reap_children
 
         reap_children()
-        again = _cli("restore", "tiny", "--store", store, "--json", marker=marker, env=serving)
+        again = run_cli("restore", "tiny", "--store", store, "--json", marker=marker, env=serving)
         assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-2000:]
         events = [json.loads(line) for line in again.stdout.strip().splitlines()]
-        schema = json.loads(_cli("schema", "event", marker=marker).stdout)
+        schema = json.loads(run_cli("schema", "event", marker=marker).stdout)
         for event in events:
             jsonschema.validate(event, schema)
         assert {"step_started", "step_ended"} <= {e["event"] for e in events}
         assert events[-1]["event"] == "finished" and events[-1]["status"] == "done"
         assert events[-1]["result"]["url"] == f"http://127.0.0.1:{user_port}"
         assert answers(events[-1]["result"]["url"]) == expected
-        assert _cli("stop", "tiny", marker=marker, env=serving).returncode == 0
-        assert not _marked(marker), "stop left engine processes running"
+        assert run_cli("stop", "tiny", marker=marker, env=serving).returncode == 0
+        assert not marked_pids(marker), "stop left engine processes running"
 
-        removed = _cli("rm", "tiny", "--store", store, marker=marker)
+        removed = run_cli("rm", "tiny", "--store", store, marker=marker)
         assert removed.returncode == 0, removed.stderr
         assert re.search(r"^freed [1-9][0-9]* objects", removed.stdout, re.M), removed.stdout
-        collected = _cli("gc", "--store", store, "--grace", "0", marker=marker)
+        collected = run_cli("gc", "--store", store, "--grace", "0", marker=marker)
         assert collected.returncode == 0, collected.stderr
         assert re.search(r"gc: removed [0-9]+ objects", collected.stdout), collected.stdout
-        assert "no capsules" in _cli("ls", "--store", store, marker=marker).stdout
+        assert "no capsules" in run_cli("ls", "--store", store, marker=marker).stdout
     finally:
-        for pid in _marked(marker):
+        for pid in marked_pids(marker):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid.split()[0]), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
         shutil.rmtree(tmp_path / "store", ignore_errors=True)

@@ -24,7 +24,7 @@ import pytest
 from coldsnap.backends.procs import start_stamp
 from tests._support import free_port
 
-from .conftest import PRISTINE_ENV
+from .conftest import PRISTINE_ENV, marked_pids
 
 pytestmark = [
     pytest.mark.criu,
@@ -35,17 +35,6 @@ pytestmark = [
 MARKER = "COLDSNAP_N580_MANAGE_MARKER"
 """In the environment of every process the capture starts, which CRIU restores as it was: what
 finds a process of this module left running, whatever its command line says."""
-
-
-def _marked(marker: str) -> list[int]:
-    found = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        if proc.info["status"] == psutil.STATUS_ZOMBIE:
-            continue
-        with contextlib.suppress(psutil.Error, OSError):
-            if proc.environ().get(MARKER) == marker:
-                found.append(proc.info["pid"])
-    return found
 
 
 def _port_free(port: int) -> bool:
@@ -76,10 +65,10 @@ def captured(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
                    "--", "python", "-m", "sglang.launch_server", "--model-path", str(tiny_llama),
                    "--port", str(free_port()))  # fmt: skip
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        assert not _marked(cli.marker), "the capture left its source running"
+        assert not marked_pids(cli.marker, MARKER), "the capture left its source running"
         yield cli
     finally:
-        for pid in _marked(cli.marker):
+        for pid in marked_pids(cli.marker, MARKER):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
@@ -123,7 +112,7 @@ def test_status_sleep_wake_logs_and_stop_of_an_n580_restore(
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr[-2000:]
     assert f"stopped {name} (pid {pid})" in stopped.stdout
     assert _port_free(port), "the stopped server still holds its port"
-    assert not _marked(cli.marker), "stop left processes of the engine running"
+    assert not marked_pids(cli.marker, MARKER), "stop left processes of the engine running"
     assert not Path(facts["runtime_dir"]).exists() and not Path(facts["control_dir"]).exists()
     assert not (Path(cli.env["COLDSNAP_SERVING_DIR"]) / f"{name}.json").exists()
     assert "nothing serving" in cli("status").stdout

@@ -11,12 +11,9 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 
 from coldsnap.engines import EngineClient
@@ -24,7 +21,7 @@ from coldsnap.engines.sglang import SGLANG_POLICY
 from tests._support import free_port
 from tests.registry._server import registry_binary, serve_registry
 
-from .conftest import PRISTINE_ENV, answers
+from .conftest import answers, marked_pids, run_cli
 
 pytestmark = [
     pytest.mark.criu,
@@ -32,30 +29,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.xdist_group("host"),
 ]
-MARKER = "COLDSNAP_E2E_TEST_MARKER"
-
-
-def _cli(*args: str, marker: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """`python -m coldsnap.cli ARGS` from the environment this session started with; what it
-    starts carries the marker (CRIU restores a process's environment), so leftovers are found."""
-    return subprocess.run(
-        [sys.executable, "-m", "coldsnap.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=540,
-        env={**PRISTINE_ENV, MARKER: marker, **env},
-    )
-
-
-def _marked(marker: str) -> list[int]:
-    found = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        if proc.info["status"] == psutil.STATUS_ZOMBIE:
-            continue
-        with contextlib.suppress(psutil.Error, OSError):
-            if proc.environ().get(MARKER) == marker:
-                found.append(proc.info["pid"])
-    return found
 
 
 def test_pushed_pulled_into_an_empty_store_elsewhere_and_restored_exactly(
@@ -71,11 +44,11 @@ def test_pushed_pulled_into_an_empty_store_elsewhere_and_restored_exactly(
     with serve_registry(tmp_path / "registry") as registry:
         ref = f"{registry}/coldsnap/tiny:v1"
         try:
-            captured = _cli("capture", "--name", "tiny", "--store", str(first), "--", *launch,
+            captured = run_cli("capture", "--name", "tiny", "--store", str(first), "--", *launch,
                             marker=marker, env=env)  # fmt: skip
             assert captured.returncode == 0, captured.stdout[-4000:] + captured.stderr[-2000:]
 
-            pushed = _cli("push", "tiny", ref, "--store", str(first), "--plain-http", "--json",
+            pushed = run_cli("push", "tiny", ref, "--store", str(first), "--plain-http", "--json",
                           marker=marker, env=env)  # fmt: skip
             assert pushed.returncode == 0, pushed.stdout[-4000:] + pushed.stderr[-2000:]
             done = json.loads(pushed.stdout.strip().splitlines()[-1])
@@ -83,7 +56,7 @@ def test_pushed_pulled_into_an_empty_store_elsewhere_and_restored_exactly(
             assert done["result"]["sent"]["count"] > 1
             shutil.rmtree(first)  # the restore has only what the pull brought
 
-            pulled = _cli("pull", ref, "--store", str(second), "--plain-http",
+            pulled = run_cli("pull", ref, "--store", str(second), "--plain-http",
                           marker=marker, env=env)  # fmt: skip
             assert pulled.returncode == 0, pulled.stdout[-4000:] + pulled.stderr[-2000:]
             result = json.loads(pulled.stdout.strip().splitlines()[-1])
@@ -91,17 +64,17 @@ def test_pushed_pulled_into_an_empty_store_elsewhere_and_restored_exactly(
             assert result["fetched"]["count"] == done["result"]["sent"]["count"] - 1  # config
 
             port = free_port()
-            restored = _cli("restore", "tiny", "--store", str(second), "--port", str(port),
+            restored = run_cli("restore", "tiny", "--store", str(second), "--port", str(port),
                             marker=marker, env=env)  # fmt: skip
             assert restored.returncode == 0, restored.stdout[-4000:] + restored.stderr[-2000:]
             url = f"http://127.0.0.1:{port}"
             with EngineClient(url, SGLANG_POLICY) as client:
                 client.flush_cache()
             assert answers(url) == tiny_cold, "the pulled capsule answers unlike the cold start"
-            stopped = _cli("stop", "tiny", marker=marker, env=env)
+            stopped = run_cli("stop", "tiny", marker=marker, env=env)
             assert stopped.returncode == 0, stopped.stderr
-            assert not _marked(marker), "stop left engine processes running"
+            assert not marked_pids(marker), "stop left engine processes running"
         finally:
-            for pid in _marked(marker):
+            for pid in marked_pids(marker):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)

@@ -21,7 +21,7 @@ import pytest
 
 from tests._support import free_port
 
-from .conftest import PRISTINE_ENV, answers
+from .conftest import MARKER, PRISTINE_ENV, answers, marked_pids
 
 pytestmark = [
     pytest.mark.criu,
@@ -29,7 +29,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.xdist_group("host"),
 ]
-MARKER = "COLDSNAP_E2E_TEST_MARKER"
 
 
 def _env(marker: str, serving: Path) -> dict[str, str]:
@@ -48,17 +47,6 @@ def _cli(*args: str, marker: str, serving: Path) -> subprocess.CompletedProcess[
     )
 
 
-def _marked(marker: str) -> list[int]:
-    found = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        if proc.info["status"] == psutil.STATUS_ZOMBIE:
-            continue
-        with contextlib.suppress(psutil.Error, OSError):
-            if proc.environ().get(MARKER) == marker:
-                found.append(proc.info["pid"])
-    return found
-
-
 def _forwarders(ports: list[int], *, nsenter: bool = False) -> list[int]:
     """Forwarders of one of `ports` (their command line names the forwarder and the port; they
     run without the marker: the driver starts them with a bare environment), and with
@@ -70,9 +58,7 @@ def _forwarders(ports: list[int], *, nsenter: bool = False) -> list[int]:
             continue
         if proc.info["name"] == "nsenter" and not nsenter:
             continue
-        if any(a.endswith("_forward_child.py") for a in cmdline) and cmdline[-1] in map(
-            str, ports
-        ):
+        if any(a.endswith("_forward_child.py") for a in cmdline) and cmdline[-1] in map(str, ports):
             found.append(proc.info["pid"])
     return found
 
@@ -149,12 +135,12 @@ def test_one_capsule_serves_three_times_at_once_and_each_stops_alone(
         assert answers(urls[2]) == tiny_cold, "tiny-3 stopped serving with tiny"
         ended = _cli("stop", "tiny-3", marker=marker, serving=serving)
         assert ended.returncode == 0, ended.stdout[-2000:] + ended.stderr[-2000:]
-        assert not _marked(marker), "a stop left engine processes running"
+        assert not marked_pids(marker), "a stop left engine processes running"
         assert not _forwarders(ports, nsenter=True), "a stop left a forwarder running"
         assert all(_port_free(port) for port in ports)
         assert not [d for d in own_dirs if os.path.exists(d)], "a runtime dir is left"
         assert "nothing serving" in _cli("status", marker=marker, serving=serving).stdout
     finally:
-        for pid in _marked(marker) + _forwarders(ports, nsenter=True):
+        for pid in marked_pids(marker) + _forwarders(ports, nsenter=True):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

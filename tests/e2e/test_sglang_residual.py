@@ -193,9 +193,11 @@ def test_recovery_restores_answer_like_a_cold_start(
         finally:
             machine.stop(restored)
         assert got == cold["answers"]
-        # Released at capture, reloaded from the checkpoint, the residual put back.
+        # Released at capture, reloaded from the checkpoint, the residual put back. The disk
+        # backing writes what each release releases: the capture releases twice (its release,
+        # then again after rehearsing the refill); the restore reloads and releases nothing.
         spilled = sorted(proc.glob("live/*/tp0/target/index.json"))
-        assert len(spilled) == 1, "the disk backing wrote the capture's release"
+        assert len(spilled) == 2, f"not one spill per capture release: {spilled}"
         residual = record["resume"]["residual"]["target"]
         assert residual["error"] is None and residual["nbytes"] > 0
         assert any(n.endswith("rotary_emb.cos_sin_cache") for n in residual["names"])
