@@ -15,23 +15,16 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import click
 
-from coldsnap._paths import DEFAULT_STORE
 from coldsnap.machine import RequestError, StepEvent
 
 from ._errors import reported, say
 from ._events import EventLine, dumps, print_json_event
 from ._progress import LiveSteps
+from ._store_cmds import STORE_OPTION
 
 if TYPE_CHECKING:
     from coldsnap.oci import Note, Reference
 
-_STORE = click.option(
-    "--store",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_STORE,
-    show_default=True,
-    help="The store directory (the one capture and restore default to).",
-)
 _PLAIN_HTTP = click.option(
     "--plain-http",
     is_flag=True,
@@ -96,7 +89,7 @@ def _failing(operation: str, began: float, as_json: bool) -> Iterator[None]:
 @click.command()
 @click.argument("name")
 @click.argument("ref")
-@_STORE
+@STORE_OPTION
 @_PLAIN_HTTP
 @_JSON
 def push(name: str, ref: str, store: Path, plain_http: bool, as_json: bool) -> None:
@@ -131,7 +124,7 @@ def push(name: str, ref: str, store: Path, plain_http: bool, as_json: bool) -> N
 @click.command()
 @click.argument("ref")
 @click.option("--name", help="The tag in the store (default: the tag it was pushed from).")
-@_STORE
+@STORE_OPTION
 @_PLAIN_HTTP
 @_JSON
 def pull(ref: str, name: str | None, store: Path, plain_http: bool, as_json: bool) -> None:

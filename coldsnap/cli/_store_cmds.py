@@ -35,7 +35,7 @@ from coldsnap.machine import RequestError
 from . import _serving
 from ._errors import OTHER, reported, say
 
-_STORE = click.option(
+STORE_OPTION = click.option(
     "--store",
     type=click.Path(file_okay=False, path_type=Path),
     default=DEFAULT_STORE,
@@ -161,7 +161,7 @@ def _tags_by_capsule_strict(store: Store) -> dict[str, list[str]]:
 
 
 @click.command("ls")
-@_STORE
+@STORE_OPTION
 @click.option("--json", "as_json", is_flag=True, help="One JSON array instead of a table.")
 def ls(store: Path, as_json: bool) -> None:
     """List the capsules in a store: tag, digest, size, driver, provider, model, created. A
@@ -217,7 +217,7 @@ def _table(rows: list[dict[str, Any]]) -> None:
 
 @click.command("show")
 @click.argument("name")
-@_STORE
+@STORE_OPTION
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of text.")
 def show(name: str, store: Path, as_json: bool) -> None:
     """Show one capsule (by tag, digest or short digest): its identity and a summary of its
@@ -268,7 +268,7 @@ def show(name: str, store: Path, as_json: bool) -> None:
 
 @click.command("rm")
 @click.argument("name")
-@_STORE
+@STORE_OPTION
 def rm(name: str, store: Path) -> None:
     """Remove a capsule (by tag, digest or short digest) and the tags naming it, and free at once
     the objects only it used. Objects another capsule shares are kept, as are those written
@@ -341,7 +341,7 @@ def _finite(_ctx: click.Context, param: click.Parameter, value: float) -> float:
 
 
 @click.command("gc")
-@_STORE
+@STORE_OPTION
 @click.option(
     "--grace",
     type=click.FloatRange(min=0),
