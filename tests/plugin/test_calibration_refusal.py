@@ -42,10 +42,12 @@ class Launcher(MemoryLauncher):
         super().__init__(world)
         self.runtime_dir = runtime_dir
 
-    def command(self, request: Any, workdir: Path, *, weights: WeightSource) -> Any:
-        command = super().command(request, workdir, weights=weights)
-        env = {**command.env, "COLDSNAP_RUNTIME_DIR": str(self.runtime_dir)}
-        return type(command)(argv=command.argv, env=env, url=command.url)
+    def command(
+        self, request: Any, workdir: Path, *, weights: WeightSource, runtime_dir: Path | None = None
+    ) -> Any:
+        return super().command(
+            request, workdir, weights=weights, runtime_dir=runtime_dir or self.runtime_dir
+        )
 
 
 class Engine:
