@@ -3,9 +3,9 @@
 not the product).
 
     python3 -P bench/gpu/matrix.py --out OUT [--archs llama-tied,qwen2,...]
-        [--variants n610-native,n610-recovery,n580-native,cli] [--restores 2] [--cli-restores 0]
-        [--jobs 4] [--budget 540] [--arch-s 170] [--mem-frac 0.1] [--engine-args "..."]
-        [--root DIR] [--dry]
+        [--variants n610-native,n610-recovery,n580-native,n580-recovery,cli] [--restores 2]
+        [--cli-restores 0] [--jobs 4] [--budget 540] [--arch-s 170] [--mem-frac 0.5]
+        [--max-tokens 16384] [--engine-args "..."] [--root DIR] [--dry]
 
 Per architecture (ENTRIES, in order of importance), in a process of its own (bench/gpu/
 sglang_machine.py's `Run`, imported, does each part): the model is built on the device
@@ -66,7 +66,20 @@ ENTRIES: dict[str, tuple[str, str, bool | None]] = {
     "qwen3": ("qwen3", "small", None),
     "llama": ("llama", "small", None),
 }
-VARIANTS = ("n610-native", "n610-recovery", "n580-native", "cli")
+# Behaviours of the issue on the seed's GPU paths, each on the untied Llama `small`: a speculative
+# draft (a Llama `tiny` of the same tokenizer, SGLang's STANDALONE algorithm), decode graphs
+# captured at the first scheduler-idle boundary, and graphs in the memory saver's region
+# (destroyed at release, captured again at resume). Named with --archs; not in the default set.
+SPEC_ARGS = (
+    "--speculative-algorithm", "STANDALONE", "--speculative-num-steps", "3",
+    "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
+)  # fmt: skip
+BEHAVIOURS: dict[str, dict[str, Any]] = {
+    "spec": {"draft": ("llama", "tiny"), "engine_args": SPEC_ARGS},
+    "async": {"async_cuda_graphs": True},
+    "graphs": {"engine_options": {"cuda_graphs_in_saver": "1"}},
+}
+VARIANTS = ("n610-native", "n610-recovery", "n580-native", "n580-recovery", "cli")
 CLI = "cli"  # the operator's path: `coldsnap capture -- <launch command>`, `coldsnap restore`
 
 
@@ -85,6 +98,37 @@ class ArchRun(sm.Run):
         from coldsnap import ModelRef
 
         return ModelRef(id=f"{self.entry}-random", revision="seed0", path=str(self.args.model))
+
+    def extras(self, driver: str, operation: str) -> dict[str, Any]:
+        """The entry's behaviour as request fields (the same at capture and restore, where a
+        restore takes them: a driver that resumes the captured process refuses
+        async_cuda_graphs at restore, it keeps the capture's)."""
+        extra = BEHAVIOURS.get(self.entry, {})
+        out: dict[str, Any] = {}
+        if "draft" in extra:
+            from coldsnap import ModelRef
+
+            out["draft"] = ModelRef(id=f"{self.entry}-draft-random", revision="seed1",
+                                    path=self.results["model"]["draft_path"])  # fmt: skip
+        if "engine_args" in extra:
+            out["engine_args"] = (*sm.ENGINE_ARGS, *extra["engine_args"])
+        if "engine_options" in extra:
+            out["engine_options"] = dict(extra["engine_options"])
+        if extra.get("async_cuda_graphs") and (operation == "capture" or driver == "n580"):
+            out["async_cuda_graphs"] = True
+        return out
+
+    def capture_request(self, variant: str, *, engine: str = "sglang") -> Any:
+        import attrs
+
+        request = super().capture_request(variant, engine=engine)
+        return attrs.evolve(request, **self.extras(request.driver, "capture"))
+
+    def restore_request(self, variant: str, i: int) -> Any:
+        import attrs
+
+        request = super().restore_request(variant, i)
+        return attrs.evolve(request, **self.extras(request.driver, "restore"))
 
     def flush(self, url: str) -> None:
         """SGLang refuses to flush its cache (HTTP 400) until its scheduler is idle: right after
@@ -109,9 +153,15 @@ def build_entry(entry: str, models: Path) -> dict[str, Any]:
     """Builds an entry's model under `models` (reused when already built there)."""
     from coldsnap.tiny_models import build_model
 
-    arch, size, tied = ENTRIES[entry]
+    arch, size, tied = ENTRIES.get(entry) or ENTRIES["llama"]
     t = time.perf_counter()
     info = build_model(models / entry, arch, size, 0, tied=tied)
+    extra: dict[str, Any] = {}
+    if "draft" in BEHAVIOURS.get(entry, {}):
+        d_arch, d_size = BEHAVIOURS[entry]["draft"]
+        draft = build_model(models / f"{entry}-draft", d_arch, d_size, 1)
+        extra = {"draft_path": str(draft.path), "draft_class": draft.architecture,
+                 "draft_size": d_size, "draft_parameters": draft.num_parameters}  # fmt: skip
     cfg = json.loads((info.path / "config.json").read_text())
     head = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     return {
@@ -123,6 +173,7 @@ def build_entry(entry: str, models: Path) -> dict[str, Any]:
         "head_size": head,
         "parameters": info.num_parameters,
         "build_s": round(time.perf_counter() - t, 1),
+        **extra,
     }
 
 
@@ -141,13 +192,14 @@ def run_one(args: argparse.Namespace) -> int:
         out=out, root=root, model=Path(model["path"]), size=entry,
         budget=args.deadline - time.time(), cold_s=args.cold_s, naive=False,
         variants=args.variants, restores=args.restores, cli_restores=args.cli_restores,
-        mem_frac=args.mem_frac,
+        mem_frac=args.mem_frac, cold_json=args.root / "cold" / f"{entry}.json",
     )  # fmt: skip
+    run_args.cold_json.parent.mkdir(parents=True, exist_ok=True)
     run = ArchRun(run_args, entry)
     run.results["model"] = model
     run.save()
     try:
-        run.results["cold"] = run.cold_start()
+        run.results["cold"] = run.cold_once()  # kept by an earlier call on this machine
         run.log("cold start to first answer", run.results["cold"]["first_answer_s"], "s")
     except Exception:
         run.results["cold"] = {"error": traceback.format_exc()}
@@ -194,6 +246,8 @@ def run_one(args: argparse.Namespace) -> int:
                 r = {"error": traceback.format_exc()}
             var.setdefault("cli_restores", []).append(r)
             run.save()
+        var["dropped"] = drop_capsule(run, variant)
+        run.save()
     run.results["done"] = True
     run.save()
     copy_logs(root, out / "logs")
@@ -229,6 +283,16 @@ def cli_capture(run: ArchRun) -> dict[str, Any]:
     if done.returncode != 0:
         rec["stderr"] = done.stderr[-3000:]
     return rec
+
+
+def drop_capsule(run: ArchRun, name: str) -> dict[str, Any]:
+    """`coldsnap rm` of a variant's capsule once its restores are done: the device's disk holds
+    a few of the 4-5 GB images at a time, not every architecture's every variant."""
+    argv = [sys.executable, "-m", "coldsnap.cli", "rm", name, "--store", str(run.root / "store")]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+    free = shutil.disk_usage(run.root)
+    return {"rc": done.returncode, "said": (done.stdout + done.stderr)[-500:],
+            "disk_free_gib": round(free.free / 2**30, 1)}  # fmt: skip
 
 
 def copy_logs(root: Path, dest: Path, tail: int = 300_000) -> None:
@@ -277,6 +341,7 @@ class Matrix:
             "--root", str(a.root), "--deadline", str(self.deadline),
             "--variants", ",".join(a.variants), "--restores", str(a.restores),
             "--cli-restores", str(a.cli_restores), "--mem-frac", a.mem_frac,
+            "--max-tokens", str(a.max_tokens),
             "--cold-s", str(a.cold_s), "--capture-s", str(a.capture_s),
             "--restore-s", str(a.restore_s),
             *(["--engine-args", a.engine_args] if a.engine_args is not None else []),
@@ -343,7 +408,7 @@ class Matrix:
 
     def dry(self) -> int:
         """On CPU: every entry's model built, every request and launch command validated."""
-        from coldsnap import Machine
+        from coldsnap import Machine, RefusedError
         from coldsnap.engines.sglang import build
         from coldsnap.machine import WeightSource
 
@@ -356,6 +421,7 @@ class Matrix:
                 model=Path(model["path"]), size=entry, budget=self.args.budget,
             )  # fmt: skip
             run = ArchRun(run_args, entry)
+            run.results["model"] = model
             rec: dict[str, Any] = {"model": model, "variants": {}}
             for variant in self.args.variants:
                 if variant == CLI:  # the command line prints the request it would run
@@ -367,8 +433,13 @@ class Matrix:
                     continue
                 capture = run.capture_request(variant)
                 restore = run.restore_request(variant, 0)
-                machine = Machine.for_request(capture)
-                Machine.for_request(restore)
+                try:
+                    machine = Machine.for_request(capture)
+                    Machine.for_request(restore)
+                except RefusedError as exc:  # a CUDA-only behaviour on this CPU host
+                    rec["variants"][variant] = {"refused_here": str(exc)}
+                    self.log(entry, variant, "refused on this host:", exc)
+                    continue
                 command = build(capture).launcher.command(
                     capture, Path(capture.workdir), weights=WeightSource(source="payload")
                 )
@@ -490,7 +561,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--root", type=Path, default=Path("/var/tmp/coldsnap-matrix"))
     p.add_argument("--archs", type=split, default=tuple(ENTRIES),
-                   help="comma-separated, of: " + ", ".join(ENTRIES))  # fmt: skip
+                   help="comma-separated, of: " + ", ".join([*ENTRIES, *BEHAVIOURS]))  # fmt: skip
     p.add_argument("--variants", type=split, default=("n610-native",),
                    help="comma-separated, of: " + ", ".join(VARIANTS))  # fmt: skip
     p.add_argument("--restores", type=int, default=2)
@@ -502,10 +573,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--capture-s", type=float, default=90.0, help="least time to start a capture")
     p.add_argument("--restore-s", type=float, default=25.0, help="least time to start a restore")
     p.add_argument(
-        "--mem-frac", default="0.1",
-        help="--mem-fraction-static of every server (0.05 left a small Llama no KV cache beside "
-        "four others: SGLang sizes it from the memory free when it starts)",
+        "--mem-frac", default="0.5",
+        help="--mem-fraction-static of every server. SGLang 0.5.17 sizes the KV cache as the "
+        "memory free after loading less (1 - this) x the memory free before: servers starting "
+        "side by side allocate in between, and at 0.05 or 0.1 later ones found none left. At "
+        "0.5 the slack holds; --max-tokens keeps each cache small",
     )  # fmt: skip
+    p.add_argument("--max-tokens", type=int, default=16384,
+                   help="--max-total-tokens of every server (caps its KV cache)")  # fmt: skip
     p.add_argument(
         "--engine-args",
         help="the engines' flags, one string, instead of sglang_machine's GPU flags and "
@@ -515,7 +590,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--one", help=argparse.SUPPRESS)
     p.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    bad = [x for x in args.archs if x not in ENTRIES]
+    bad = [x for x in args.archs if x not in ENTRIES and x not in BEHAVIOURS]
     bad += [v for v in args.variants if v not in VARIANTS]
     if bad:
         p.error(f"unknown: {', '.join(bad)} (archs: {', '.join(ENTRIES)}; "
@@ -530,7 +605,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.engine_args is None:
-        sm.ENGINE_ARGS = (*sm.BASE_ARGS, "--mem-fraction-static", args.mem_frac)
+        sm.ENGINE_ARGS = (*sm.BASE_ARGS, "--mem-fraction-static", args.mem_frac,
+                          "--max-total-tokens", str(args.max_tokens))  # fmt: skip
     else:
         sm.ENGINE_ARGS = tuple(shlex.split(args.engine_args))
     args.out.mkdir(parents=True, exist_ok=True)
