@@ -6,11 +6,15 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterable
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+import attrs
 import psutil
 import pytest
 
@@ -133,6 +137,58 @@ def tiny_cold(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> lis
         return answers(server.url)
     finally:
         server.stop()
+
+
+@attrs.frozen
+class CliCapsule:
+    """The tiny Llama of seed 0 captured once for the session from the command line, as README's
+    "Capture your own server" does: `coldsnap capture --name tiny -- python -m
+    sglang.launch_server --model-path M --port P` (n610, native). The modules that serve it from
+    the command line (restore, sleep, wake, stop, rm and gc; push and pull; replicas) each take
+    their own copy of the store (`own_store`), so that what one does to its store (rm, gc, a
+    removed store) no other sees, and none depends on which ran first."""
+
+    store: Path
+    """The capture's store; read it through `own_store`, never change it."""
+    marker: str
+    """MARKER's value in the capture's environment: CRIU gives every restored process the
+    environment the captured one started with, so it finds what any restore of it left running."""
+    user_port: int
+    """The --port of the captured command line (a restore given no --port serves there)."""
+    launch: tuple[str, ...]
+    """The captured command line."""
+    done: subprocess.CompletedProcess[str]
+    """What `coldsnap capture` printed and returned."""
+    left_running: tuple[int, ...]
+    """Marked processes alive right after the capture returned (its source must be retired)."""
+
+    def own_store(self, folder: Path) -> Path:
+        """A copy of the capsule's store at `folder`/store, for one test to use as it likes."""
+        copy = folder / "store"
+        shutil.copytree(self.store, copy, symlinks=True)
+        return copy
+
+
+@pytest.fixture(scope="session")
+def cli_capsule(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliCapsule]:
+    """One command-line capture of the tiny Llama for the session (see CliCapsule): one server
+    start instead of one per module that serves a capsule from the command line."""
+    from tests._support import free_port
+
+    root = tmp_path_factory.mktemp("cli-capsule")
+    marker, store, user_port = uuid.uuid4().hex, root / "store", free_port()
+    launch = ("python", "-m", "sglang.launch_server", "--model-path", str(tiny_llama),
+              "--port", str(user_port))  # fmt: skip
+    try:
+        done = run_cli("capture", "--name", "tiny", "--store", str(store), "--", *launch,
+                       marker=marker)  # fmt: skip
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+        yield CliCapsule(store, marker, user_port, launch, done, tuple(marked_pids(marker)))
+    finally:
+        for pid in marked_pids(marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def model_ref(path: Path, model_id: str = "tiny-llama") -> ModelRef:

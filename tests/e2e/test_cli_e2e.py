@@ -24,7 +24,7 @@ import pytest
 
 from tests._support import free_port
 
-from .conftest import marked_pids, run_cli
+from .conftest import CliCapsule, marked_pids, run_cli
 
 pytestmark = [
     pytest.mark.criu,
@@ -64,20 +64,20 @@ def _port_free(port: int) -> bool:
 
 
 def test_capture_your_own_server_restore_it_on_your_port_then_stop_and_gc(
-    tiny_llama: Path, tiny_cold: list[tuple[int, ...]], tmp_path: Path
+    cli_capsule: CliCapsule, tiny_cold: list[tuple[int, ...]], tmp_path: Path
 ) -> None:
-    """README's "Capture your own server": a plain launch command line with the user's --port,
-    restored on another port given at restore; ls, status, stop, rm and gc. The cold answers
-    are conftest's `tiny_cold` (the same model, seed 0)."""
+    """README's "Capture your own server": a plain launch command line with the user's --port
+    (conftest's `cli_capsule`, the session's one capture of it, whose output is checked here),
+    restored on another port given at restore; ls, status, stop, rm and gc on a copy of its
+    store. The cold answers are conftest's `tiny_cold` (the same model, seed 0)."""
     from .conftest import answers
 
     expected = tiny_cold
-
-    marker, store = uuid.uuid4().hex, str(tmp_path / "store")
+    capsule = cli_capsule
+    marker, launch, user_port = capsule.marker, list(capsule.launch), capsule.user_port
+    store = str(tmp_path / "store")
     serving = {"COLDSNAP_SERVING_DIR": str(tmp_path / "serving")}
-    user_port, port = free_port(), free_port()
-    launch = ["python", "-m", "sglang.launch_server", "--model-path", str(tiny_llama),
-              "--port", str(user_port)]  # fmt: skip
+    port = free_port()
     printed = run_cli(
         "capture", "--print-request", "--name", "tiny", "--store", store, "--", *launch,
         marker=marker,
@@ -92,12 +92,11 @@ def test_capture_your_own_server_restore_it_on_your_port_then_stop_and_gc(
     assert planned.returncode == 0, planned.stderr[-2000:]
     assert not Path(request["workdir"]).exists(), "plan started the operation"
 
+    done = capsule.done
+    assert json.loads(done.stdout.strip().splitlines()[-1])["outcome"] == "done"
+    assert not capsule.left_running, "the capture left its source running"
+    capsule.own_store(tmp_path)
     try:
-        done = run_cli("capture", "--name", "tiny", "--store", store, "--", *launch, marker=marker)
-        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-        assert json.loads(done.stdout.strip().splitlines()[-1])["outcome"] == "done"
-        assert not marked_pids(marker), "the capture left its source running"
-
         restored = run_cli("restore", "tiny", "--store", store, "--port", str(port), marker=marker,
                         env=serving)  # fmt: skip
         assert restored.returncode == 0, restored.stdout[-4000:] + restored.stderr[-2000:]

@@ -2,7 +2,8 @@
 tiny SGLang server (`coldsnap capture -- python -m sglang.launch_server ...`), `coldsnap push`
 it to a registry this test starts (Debian's docker-registry), remove the capture's store,
 `coldsnap pull` it into an empty store on another root, restore from there and compare the
-answers with a cold start's (conftest's `tiny_cold`). One capture, one restore."""
+answers with a cold start's (conftest's `tiny_cold`). The capture is the session's one
+command-line capture (conftest's `cli_capsule`), pushed from a copy of its store; one restore."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import uuid
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,7 @@ from coldsnap.engines.sglang import SGLANG_POLICY
 from tests._support import free_port
 from tests.registry._server import registry_binary, serve_registry
 
-from .conftest import answers, marked_pids, run_cli
+from .conftest import CliCapsule, answers, marked_pids, run_cli
 
 pytestmark = [
     pytest.mark.criu,
@@ -32,22 +32,16 @@ pytestmark = [
 
 
 def test_pushed_pulled_into_an_empty_store_elsewhere_and_restored_exactly(
-    tiny_llama: Path, tiny_cold: list[tuple[int, ...]], tmp_path: Path
+    cli_capsule: CliCapsule, tiny_cold: list[tuple[int, ...]], tmp_path: Path
 ) -> None:
     registry_binary()  # skips, saying why, where the registry is not installed
-    marker = uuid.uuid4().hex
-    first, second = tmp_path / "first" / "store", tmp_path / "second" / "store"
-    first.parent.mkdir()  # capture names a store whose folder exists; pull makes its own
+    marker = cli_capsule.marker
+    (tmp_path / "first").mkdir()
+    first, second = cli_capsule.own_store(tmp_path / "first"), tmp_path / "second" / "store"
     env = {"COLDSNAP_SERVING_DIR": str(tmp_path / "serving")}
-    launch = ["python", "-m", "sglang.launch_server", "--model-path", str(tiny_llama),
-              "--port", str(free_port())]  # fmt: skip
     with serve_registry(tmp_path / "registry") as registry:
         ref = f"{registry}/coldsnap/tiny:v1"
         try:
-            captured = run_cli("capture", "--name", "tiny", "--store", str(first), "--", *launch,
-                            marker=marker, env=env)  # fmt: skip
-            assert captured.returncode == 0, captured.stdout[-4000:] + captured.stderr[-2000:]
-
             pushed = run_cli("push", "tiny", ref, "--store", str(first), "--plain-http", "--json",
                           marker=marker, env=env)  # fmt: skip
             assert pushed.returncode == 0, pushed.stdout[-4000:] + pushed.stderr[-2000:]

@@ -2,7 +2,8 @@
 line: three `coldsnap restore` started together (one plain, two `--replica`), each on its own
 port and answering token for token as a cold start does; `status` shows all three; the stop
 of one leaves the other two serving; once all are stopped nothing is left: no engine process,
-no forwarder, no port held, no replica's runtime dir."""
+no forwarder, no port held, no replica's runtime dir. The capture is the session's one
+command-line capture (conftest's `cli_capsule`), served from a copy of its store."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import psutil
@@ -21,7 +21,7 @@ import pytest
 
 from tests._support import free_port
 
-from .conftest import MARKER, PRISTINE_ENV, answers, marked_pids
+from .conftest import MARKER, PRISTINE_ENV, CliCapsule, answers, marked_pids
 
 pytestmark = [
     pytest.mark.criu,
@@ -73,18 +73,13 @@ def _last_json(out: str) -> dict:
 
 
 def test_one_capsule_serves_three_times_at_once_and_each_stops_alone(
-    tiny_llama: Path, tiny_cold: list[tuple[int, ...]], tmp_path: Path
+    cli_capsule: CliCapsule, tiny_cold: list[tuple[int, ...]], tmp_path: Path
 ) -> None:
-    marker, store, serving = uuid.uuid4().hex, str(tmp_path / "store"), tmp_path / "serving"
+    marker, serving = cli_capsule.marker, tmp_path / "serving"
+    store = str(cli_capsule.own_store(tmp_path))
     names = ["tiny", "tiny-2", "tiny-3"]
     ports = [free_port() for _ in names]
-    launch = ["python", "-m", "sglang.launch_server", "--model-path", str(tiny_llama),
-              "--port", str(free_port())]  # fmt: skip
     try:
-        done = _cli("capture", "--name", "tiny", "--store", store, "--", *launch,
-                    marker=marker, serving=serving)  # fmt: skip
-        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-
         # All three at once: CRIU restores them one after another (the image's files are put
         # back at shared paths), everything before and after runs side by side.
         restores = []
