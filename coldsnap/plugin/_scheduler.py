@@ -193,7 +193,9 @@ class SchedulerHooks:
             entry.check_live()
             summary["verify_seconds"] = verify_seconds
             summary["seconds"] = time.perf_counter() - t0
-            self.status.update("startup_hydrated", startup_hydration={role: summary})
+            # one loader call per model (the target's, then each draft's): keep every role's
+            hydrated = {**(self.status.record.get("startup_hydration") or {}), role: summary}
+            self.status.update("startup_hydrated", startup_hydration=hydrated)
 
     # ---------------------------------------------------------------- release / resume
     def around_release(
