@@ -594,16 +594,29 @@ class SchedulerHooks:
             return
         self.async_decode_pending = False
         runner = scheduler.tp_worker.model_runner
+        after = int(scheduler.forward_ct)
         t0 = time.perf_counter()
-        runner.init_decode_cuda_graph()
+        try:
+            runner.init_decode_cuda_graph()
+            _synchronize()
+            # read from the graph runner SGLang just built (both releases name its
+            # `capture_bs`; only 0.5.23 copies it onto the model runner): one graph per size
+            sizes = _shapes.warmed_shapes(runner)[_shapes.DECODE]
+        except Exception as exc:
+            # Recorded first: raising out of on_idle ends the scheduler, and the orchestrator
+            # then reads why from this record and the log.
+            seconds = time.perf_counter() - t0
+            self.status.update(
+                "decode_graph_failed",
+                async_decode_graph=_idle_record(after, [], seconds, error=_err(exc)),
+            )
+            logger.error("coldsnap: idle decode graphs failed after %.3f s: %s", seconds, _err(exc))
+            raise
+        seconds = time.perf_counter() - t0
         self.status.update(
-            "decode_graph_captured",
-            async_decode_graph={
-                "captured_after_forward": int(scheduler.forward_ct),
-                "capture_bs": list(getattr(runner, "decode_cuda_graph_capture_bs", []) or []),
-                "seconds": time.perf_counter() - t0,
-            },
+            "decode_graph_captured", async_decode_graph=_idle_record(after, sizes, seconds)
         )
+        logger.info(IDLE_CAPTURE_LOG, len(sizes), ",".join(map(str, sizes)), seconds, after)
         if self.settings.shape_calibration != "off":
             self.calibrate(runner)
 
@@ -650,6 +663,37 @@ def weight_runners(mgr: Any) -> list[tuple[str, Any]]:
         if inner is not None:
             runners += [("draft", runner) for runner in inner.draft_runners]
     return runners
+
+
+IDLE_CAPTURE_LOG = (
+    "coldsnap: idle decode graphs captured: graphs=%d batch_sizes=%s seconds=%.3f after_forward=%d"
+)
+"""The engine log's line for a decode capture at scheduler idle (docs/plugin.md): the number of
+decode graphs (one per batch size), the sizes, the capture's seconds, and the scheduler's
+forward count when it ran."""
+
+
+def _idle_record(
+    after_forward: int, sizes: list[int], seconds: float, *, error: str | None = None
+) -> dict[str, Any]:
+    """The status record's `async_decode_graph` once the deferred capture ran."""
+    return {
+        "outcome": "failed" if error else "ok",
+        "error": error,
+        "graphs": len(sizes),
+        "capture_bs": sizes,
+        "seconds": round(seconds, 6),
+        "captured_after_forward": after_forward,
+        "at": time.time(),
+    }
+
+
+def _synchronize() -> None:
+    """Waits for the device, so a capture's seconds hold its last kernels (none without CUDA)."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def _output(name: str) -> Any:

@@ -56,7 +56,9 @@ class FakeRunner:
         self.captures = 0
 
     def init_decode_cuda_graph(self) -> None:
+        # as 0.5.23 does: the decode graph runner, and its sizes copied onto the model runner
         self.captures += 1
+        self.decode_cuda_graph_runner = SimpleNamespace(capture_bs=[1, 2, 4])
         self.decode_cuda_graph_capture_bs = [1, 2, 4]
 
 
