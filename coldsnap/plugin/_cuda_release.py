@@ -15,7 +15,8 @@ them):
   (`torch.cuda.mem_get_info`, device-wide, and `torch.cuda.memory_reserved`), and after the
   release, for each released region, the bytes of its tensors whose device pointer is still
   mapped (`cuPointerGetAttribute(DEVICE_POINTER)`, what Triton checks): the parameters of every
-  model for `weights`; `req_to_token` and the KV buffers for `kv_cache`. A region is resident
+  model for `weights`; `req_to_token` and the KV buffers of every runner (the target's and
+  each draft's) for `kv_cache`. A region is resident
   when any of its bytes is; the record names it and the bytes. The plugin does not raise inside
   the scheduler (SGLang would end it); the engine adapter reads the record and refuses the
   capture (coldsnap.engines.sglang, `release_memory`).
@@ -49,6 +50,7 @@ from coldsnap._wire import KV_CACHE, MEMORY_TAGS, WEIGHTS
 from coldsnap._wire import EngineSettings as Settings
 
 from ._records import StatusFile
+from ._scheduler import weight_runners
 from ._storages import REGISTRY, StorageRegistry
 
 logger = logging.getLogger("coldsnap.plugin")
@@ -263,7 +265,9 @@ class CudaRelease:
             models = [e.model for e in self.registry.models()] or [runner.model]
             out[WEIGHTS] = [p for m in models for p in m.parameters()]
         if KV_CACHE in tags:
-            out[KV_CACHE] = _kv_tensors(runner)
+            # every runner's pool: a speculative draft has a KV pool of its own (sharing the
+            # target's req_to_token), which the same release must free
+            out[KV_CACHE] = [t for _, r in weight_runners(mgr) for t in _kv_tensors(r)]
         return out
 
     # ---------------------------------------------------------------- resume

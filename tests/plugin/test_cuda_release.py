@@ -125,8 +125,13 @@ class Manager:
             req_to_token_pool=SimpleNamespace(req_to_token=w.req_to_token),
         )
         self.tp_worker = SimpleNamespace(model_runner=runner)
+        self.draft_worker: Any = None  # a speculative worker (test_spec_kv_residency.py)
         self.offload_tags: set[str] = set()
         self.w, self.torch, self.mapped, self.frees = w, torch, mapped, frees
+
+    def _select_runners(self, selector: str) -> list[tuple[str, Any]]:
+        """0.5.23's runner selector (0.5.17: tp_worker and draft_worker, read directly)."""
+        return [("target", self.tp_worker.model_runner)]
 
     def release(self, recv_req: Any) -> str:
         tags = recv_req.tags or ["kv_cache", "weights", "cuda_graph"]
