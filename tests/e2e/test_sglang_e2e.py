@@ -12,23 +12,32 @@ One module, one server at a time, each stopped before the next starts:
   named;
 - two restores of one capsule must not share a sampling stream (the product reseeds);
 - the n610 capsule of the small model (~254 MB of bf16 weights) leaves the weights out: its
-  image is smaller than a dump of the same tree with its weights resident.
+  image is smaller than a dump of the same tree with its weights resident;
+- an n580 restore from a native payload verifies the payload once: the provider's stage checks
+  every block of every pack right before the engine is built, the launcher tells the engine so
+  (COLDSNAP_ARTIFACT_PREVERIFIED=1, from that stage's own `preverified`), and the plugin's
+  start-up hydration reads the packs without checking them again (the first restore of the
+  n580-native capsule).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
 from attrs import frozen
 
 from coldsnap import Machine
+from coldsnap._wire import status_path
 from coldsnap.backends._images import read_file_paths
 from coldsnap.backends._stdio import read_stdio_paths
+from coldsnap.machine import Receipt
 
 from .conftest import (
     answers,
@@ -79,6 +88,7 @@ class Restored:
     sampled: tuple[int, ...]
     left_running: list[str]
     not_portable: list[str]  # what ties a moved capsule to its old store or capture workdir
+    stage: dict[str, Any] | None  # n580 native: the stage's step and the start-up hydration
 
 
 @frozen
@@ -129,6 +139,7 @@ def variant(request: pytest.FixtureRequest, root: Path, tiny: Path) -> Variant:
             try:
                 url = restored.facts["engine_url"]
                 got, draw = answers(url), sampled(url)
+                stage = _stage(restored) if (driver, provider) == ("n580", "native") else None
                 if attempt == 1:
                     not_portable += _needs_from(Path(restored.facts["image_dir"]), workdir)
                     if not (Path(restore.workdir) / "engine.log").stat().st_size:
@@ -147,12 +158,26 @@ def variant(request: pytest.FixtureRequest, root: Path, tiny: Path) -> Variant:
                     draw,
                     leftovers(dirs, pids),
                     not_portable,
+                    stage,
                 )
             )
         return Variant(name, receipt.facts["acceptance_tokens"], source_left, tuple(restores))
     finally:
         shutil.rmtree(base, ignore_errors=True)
         shutil.rmtree(root / f"elsewhere-{name}", ignore_errors=True)
+
+
+def _stage(restored: Receipt) -> dict[str, Any]:
+    """How an n580 native restore verified its payload: the stage's step status, whether it
+    said how long its check took, and the scheduler's start-up hydration record."""
+    record = json.loads(
+        status_path(Path(restored.facts["runtime_dir"]), "scheduler-tp0").read_text()
+    )
+    return {
+        "stage_payload": {step.name: step.status for step in restored.steps}["stage_payload"],
+        "timed": "verify_seconds" in restored.facts,
+        "hydration": record["startup_hydration"]["target"],
+    }
 
 
 def _links_out_of(store: Path) -> list[str]:
@@ -215,6 +240,18 @@ def test_replicas_of_one_capsule_do_not_share_a_sampling_stream(variant: Variant
         f"{variant.name}: both restores sampled {list(first)} at temperature 1: "
         "the restored replicas share one random stream (not reseeded after restore)"
     )
+
+
+def test_an_n580_native_restore_verifies_its_payload_once(variant: Variant) -> None:
+    """The n580-native capsule's first restore: the stage checked every block and said how
+    long it took; the engine was built from the payload and did not check it again."""
+    if variant.name != "n580-native":
+        pytest.skip("only an n580 restore from a native payload builds its engine from packs")
+    stage = variant.restores[0].stage
+    assert stage is not None
+    assert stage["stage_payload"] == "done" and stage["timed"]  # the stage checked every block
+    assert stage["hydration"]["nbytes"] > 0  # the engine was built from the payload...
+    assert stage["hydration"]["verify_seconds"] == 0.0  # ...and did not check it again
 
 
 def test_the_n610_capsule_of_the_small_model_leaves_the_weights_out(
