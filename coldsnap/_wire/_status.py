@@ -61,6 +61,9 @@ class ReleaseReport:
     residual_device_bytes: int | None = attrs.field(default=None, validator=_int)
     device_used_before: int | None = attrs.field(default=None, validator=_int)
     device_used_after: int | None = attrs.field(default=None, validator=_int)
+    # in use right after SGLang's release, before the caches are emptied: what the release
+    # itself freed is device_used_before minus this (the graph region has no tensors to check)
+    device_used_released: int | None = attrs.field(default=None, validator=_int)
     device_freed: int | None = attrs.field(default=None, validator=_int)
     reserved_before: int | None = attrs.field(default=None, validator=_int)
     reserved_after: int | None = attrs.field(default=None, validator=_int)

@@ -144,11 +144,13 @@ RELEASE_MEMORY = Step(
 DESTROY_GRAPHS = Step(
     "destroy_graphs",
     "engine.destroy_graphs",
-    "release the CUDA graphs (they point into released memory) and reset their pools",
+    "release the CUDA graphs' memory region: its pages leave the device and the image, the "
+    "graph executables stay (their addresses kept for the resume) and nothing is recaptured; "
+    "each rank must have freed device memory by it",
     compensation="engine.recapture_graphs",
     when=GRAPHS,
     timeout_s=300.0,
-    needs=(ENGINE_URL,),
+    needs=(ENGINE_URL, RUNTIME_DIR),
     uses=(ENGINE_PID,),
 )
 EXPORT = Step(
@@ -237,7 +239,8 @@ RESUME_WEIGHTS = Step(
 RESUME_REST = Step(
     "resume_rest",
     "engine.resume_rest",
-    "resume the kv_cache region (and rebuild CUDA graphs where the engine has them)",
+    "resume the kv_cache region (and, where the engine released its CUDA graphs' region, map "
+    "it again under the kept graph executables)",
     no_compensation="the driver's restore compensation stops the restored engine",
     timeout_s=300.0,
     needs=(ENGINE_URL,),

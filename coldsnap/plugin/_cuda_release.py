@@ -32,7 +32,10 @@ The record is the status field `cuda_release` (see `REPORT_FIELD`), written with
 status path: `at` (wall time), `device` ("cuda:N" or "cpu"), `tags`, `regions` (tag ->
 {bytes, resident_bytes, tensors}), `resident` (tag -> resident bytes, only regions with some),
 `device_used_before`, `device_used_after`, `device_freed`, `reserved_before`, `reserved_after`,
-`residual_device_bytes` (device memory in use after the release, device-wide), `host_cache`,
+`device_used_released` (in use right after SGLang's release, before the caches below are
+emptied: `device_used_before` minus it is what the release itself freed, the only measure of
+the `cuda_graph` region), `residual_device_bytes` (device memory in use after the release,
+device-wide), `host_cache`,
 `device_cache`,
 `error` (a measurement that could not be made; the engine refuses on it).
 """
@@ -194,6 +197,10 @@ class CudaRelease:
         regions = self._regions(mgr, tags)
         torch = self.torch
         torch.cuda.synchronize()
+        # before any cache is emptied: what SGLang's release freed by itself (the pages the
+        # memory saver unmapped; the only evidence for the cuda_graph region, whose memory no
+        # tensor the plugin can name lies in)
+        released = self._device_memory(mgr)
         measured: dict[str, dict[str, int]] = {}
         for tag, tensors in regions.items():
             total = resident = 0
@@ -211,6 +218,7 @@ class CudaRelease:
             resident={t: m["resident_bytes"] for t, m in measured.items() if m["resident_bytes"]},
             device_used_before=before.get("used"),
             device_used_after=after["used"],
+            device_used_released=released.get("used"),
             device_freed=(before["used"] - after["used"]) if "used" in before else None,
             reserved_before=before.get("reserved"),
             reserved_after=after["reserved"],

@@ -53,6 +53,7 @@ def measured(**resident: int) -> dict[str, Any]:
         "resident": {t: n for t, n in resident.items() if n},
         "device_used_before": 44 * GIB,
         "device_used_after": 44 * GIB if resident else GIB + 5,
+        "device_used_released": 44 * GIB if resident else GIB + 5,
         "device_freed": 0 if resident else 43 * GIB - 5,
         "residual_device_bytes": 44 * GIB if resident else GIB + 5,
         "error": None,
@@ -80,7 +81,7 @@ class MockSGLang:
         self.ranks = ranks
         self.outcome = outcome
 
-    def _write_status(self) -> None:
+    def _write_status(self, tags: list[str]) -> None:
         assert self.runtime_dir is not None
         for rank in range(self.ranks):
             record: dict[str, Any] = {
@@ -96,7 +97,7 @@ class MockSGLang:
                 "error": None if self.outcome == "ok" else "RuntimeError: export failed",
             }
             if self.report is not None:
-                record["cuda_release"] = {**self.report, "at": time.time()}
+                record["cuda_release"] = {**self.report, "tags": tags, "at": time.time()}
             path = status_path(self.runtime_dir, f"scheduler-tp{rank}")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(record))
@@ -105,7 +106,7 @@ class MockSGLang:
         body = json.loads(request.content) if request.content else None
         self.calls.append((request.method, request.url.path, body))
         if request.url.path == "/release_memory_occupation" and self.runtime_dir is not None:
-            self._write_status()
+            self._write_status(list((body or {}).get("tags") or []))
         if request.url.path == "/ready":
             return httpx.Response(self.ready)
         if request.url.path == "/generate":

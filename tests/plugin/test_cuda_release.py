@@ -228,6 +228,30 @@ def test_only_the_released_regions_are_checked(tmp_path: Path) -> None:
     assert not cr.gated  # nothing the requests need was released
 
 
+def test_what_the_release_itself_freed_is_measured_before_any_cache_is_emptied(
+    tmp_path: Path,
+) -> None:
+    """The graph region holds no tensor the plugin can name: the device memory its release
+    unmapped is the evidence (device_used_before - device_used_released), and emptying the
+    allocator's cache afterwards must not count as the release's."""
+    cr, mgr, _ = setup(tmp_path, frees=False)  # releases the graph region: frees 1 GiB
+    cuda = mgr.torch.cuda
+
+    def graph_release(m: Manager, r: Any) -> str:
+        cuda.used -= GIB
+        return m.release(r)
+
+    def empty_cache() -> None:  # the allocator returns 2 GiB of free blocks
+        cuda.calls.append("empty_cache")
+        cuda.used -= 2 * GIB
+
+    cuda.empty_cache = empty_cache  # type: ignore[method-assign]
+    cr.around_release(graph_release, mgr, SimpleNamespace(tags=["cuda_graph"]))
+    report = written(tmp_path)
+    assert report["device_used_before"] - report["device_used_released"] == GIB
+    assert report["device_freed"] == 3 * GIB
+
+
 def test_a_region_with_no_tensors_found_is_an_error_not_a_pass(tmp_path: Path) -> None:
     cr, mgr, _ = setup(tmp_path)
     mgr.tp_worker.model_runner.token_to_kv_pool = SimpleNamespace()

@@ -248,10 +248,19 @@ class SGLangEngine(SGLangCommandLine):
 
     def destroy_graphs(self, ctx: StepContext) -> None:
         """Releases the `cuda_graph` region: with SGLANG_MEMORY_SAVER_CUDA_GRAPH=1 (required for
-        capability `cuda_graphs`) the graphs' memory pool lies in it, so its pages leave the
-        device and the image; the graphs keep their addresses and replay once it is resumed."""
+        capability `cuda_graphs`) SGLang captured its graphs inside the memory saver's region,
+        so the pages of their memory pool leave the device and the image. The graph
+        executables are not destroyed and nothing is captured again: they keep their
+        addresses, and resuming the region maps fresh pages there (contents not kept; a
+        replay writes what it reads of them), so they replay once it is resumed. Every
+        scheduler must have measured this release and freed device memory by it; a release
+        that freed nothing (the graphs are not in the region) fails the step, naming the
+        ranks, rather than report graphs gone that the image still holds."""
+        runtime_dir = Path(ctx.facts[s.RUNTIME_DIR.name])
+        started = time.time()
         with self._client(ctx) as client:
             client.release([CUDA_GRAPH])
+        _check_graph_release(runtime_dir, started, "destroy_graphs")
 
     def recapture_graphs(self, ctx: StepContext) -> None:
         """Undoes destroy_graphs on a live engine (an ended one has no graphs to bring back)."""
@@ -310,7 +319,9 @@ class SGLangEngine(SGLangCommandLine):
             except EngineError as exc:
                 raise EngineError("rehearse_refill", f"the release again: {exc}") from exc
             if self.graphs:  # as destroy_graphs did, after the weights and the KV cache
+                started = time.time()
                 client.release([CUDA_GRAPH])
+                _check_graph_release(runtime_dir, started, "rehearse_refill")
         if differs is not None:
             where = source.payload_dir if source.payload else f"checkpoint {source.checkpoint}"
             raise EngineError(
@@ -729,6 +740,44 @@ def _check_release(runtime_dir: Path, started: float, *, cuda: bool) -> int:
         )
         raise EngineError("release_memory", "; ".join(problems) + hint)
     return residual
+
+
+def _check_graph_release(runtime_dir: Path, started: float, step: str) -> int:
+    """The device bytes that releasing the `cuda_graph` region freed, summed over the
+    schedulers (each one's own measurement: in use before SGLang's release minus in use right
+    after it, before any cache was emptied). The region holds no tensor whose mapping could be
+    checked, so freed memory is the evidence: EngineError of `step` naming each scheduler whose
+    release failed, was not measured, or freed nothing."""
+    records = scheduler_records(runtime_dir, step)
+    if not records:
+        raise EngineError(
+            step, f"no scheduler status record under {runtime_dir / 'sglang'}: nothing measured "
+            "whether releasing the cuda_graph region freed the graphs' memory",
+        )  # fmt: skip
+    problems: list[str] = []
+    freed = 0
+    for name, status in records.items():
+        report = status.cuda_release
+        if status.outcome == "failed":
+            problems.append(f"{name}: the plugin refused the release: {status.error}")
+        elif report is None or report.at < started or CUDA_GRAPH not in report.tags:
+            problems.append(f"{name}: no measurement of this release of the cuda_graph region")
+        elif report.error:
+            problems.append(f"{name}: the release could not be measured: {report.error}")
+        elif report.device_used_before is None or report.device_used_released is None:
+            problems.append(f"{name}: the device memory around the release was not measured")
+        elif report.device_used_before - report.device_used_released <= 0:
+            problems.append(
+                f"{name} ({report.device}): releasing the cuda_graph region freed no device "
+                f"memory (in use {_gib(report.device_used_before)} before, "
+                f"{_gib(report.device_used_released)} after): the graphs were not captured in "
+                "the memory saver's region, so the image would still hold them"
+            )
+        else:
+            freed += report.device_used_before - report.device_used_released
+    if problems:
+        raise EngineError(step, "; ".join(problems))
+    return freed
 
 
 def _gate_opened(runtime_dir: str | None, pid: int) -> bool:
