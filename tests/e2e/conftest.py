@@ -161,6 +161,11 @@ class CliCapsule:
     """What `coldsnap capture` printed and returned."""
     left_running: tuple[int, ...]
     """Marked processes alive right after the capture returned (its source must be retired)."""
+    receipt: Receipt
+    """The capture's receipt. Its workdir is removed once the receipt and the request are read:
+    a capsule restores from its store alone (test_sglang_e2e.py checks that on this one)."""
+    request: dict[str, object]
+    """The capture request the command line made (the first record of its journal)."""
 
     def own_store(self, folder: Path) -> Path:
         """A copy of the capsule's store at `folder`/store, for one test to use as it likes."""
@@ -176,14 +181,21 @@ def cli_capsule(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     from tests._support import free_port
 
     root = tmp_path_factory.mktemp("cli-capsule")
+    from coldsnap.machine._targets import read_receipt
+
     marker, store, user_port = uuid.uuid4().hex, root / "store", free_port()
+    workdir = root / "capture"
     launch = ("python", "-m", "sglang.launch_server", "--model-path", str(tiny_llama),
               "--port", str(user_port))  # fmt: skip
     try:
-        done = run_cli("capture", "--name", "tiny", "--store", str(store), "--", *launch,
-                       marker=marker)  # fmt: skip
+        done = run_cli("capture", "--name", "tiny", "--store", str(store), "--workdir",
+                       str(workdir), "--", *launch, marker=marker)  # fmt: skip
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-        yield CliCapsule(store, marker, user_port, launch, done, tuple(marked_pids(marker)))
+        left_running = tuple(marked_pids(marker))
+        receipt = read_receipt(workdir)
+        request = read_journal(workdir / JOURNAL_NAME)[0].request or {}
+        shutil.rmtree(workdir)
+        yield CliCapsule(store, marker, user_port, launch, done, left_running, receipt, request)
     finally:
         for pid in marked_pids(marker):
             with contextlib.suppress(ProcessLookupError):

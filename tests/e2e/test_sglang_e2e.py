@@ -4,7 +4,9 @@ One module, one server at a time, each stopped before the next starts:
 - a plain cold server (no plugin) answers a fixed prompt set greedily: the reference;
 - for n610 and n580 x native and recovery: capture, then restore the one capsule twice (the
   second after the first is stopped); every restore answers like the cold server, token for
-  token, and leaves no process behind;
+  token, and leaves no process behind. The n610 native capsule is the session's command-line
+  capture of the same model (conftest's `cli_capsule`, whose workdir is gone already), restored
+  from a copy of its store: one server start fewer;
 - the capsule is self-contained: before the second restore the whole store is moved to another
   directory and the capture's workdir deleted. What the image could still need from that
   workdir is its engine's log (the tree's stdout and stderr at dump): the drivers re-point it at
@@ -37,9 +39,10 @@ from coldsnap import Machine
 from coldsnap._wire import status_path
 from coldsnap.backends._images import read_file_paths
 from coldsnap.backends._stdio import read_stdio_paths
-from coldsnap.machine import Receipt
+from coldsnap.machine import ModelRef, Receipt
 
 from .conftest import (
+    CliCapsule,
     answers,
     capture_request,
     leftovers,
@@ -109,27 +112,36 @@ def variant(request: pytest.FixtureRequest, root: Path, tiny: Path) -> Variant:
     base = root / name
     base.mkdir()
     model = model_ref(tiny)
+    tag, old_stores = name, [base / "store"]
     try:
-        capture = capture_request(base, model, driver, provider, name)
-        receipt = Machine.for_request(capture).capture(capture)
+        if (driver, provider) == ("n610", "native"):  # the command line's capture, the same
+            capsule: CliCapsule = request.getfixturevalue("cli_capsule")
+            receipt, tag = capsule.receipt, "tiny"
+            model = ModelRef(**capsule.request["model"])  # type: ignore[arg-type]
+            capsule.own_store(base)
+            old_stores.append(capsule.store)
+        else:
+            capture = capture_request(base, model, driver, provider, name)
+            receipt = Machine.for_request(capture).capture(capture)
         assert receipt.ok, why(receipt)
         dirs, pids = watch(receipt)
         source_left = leftovers(dirs, pids)
         restores = []
-        store, workdir = base / "store", Path(capture.workdir).resolve()
+        store, workdir = base / "store", Path(receipt.workdir).resolve()
         for attempt in range(2):
             not_portable: list[str] = []
             if attempt == 1:  # the capsule alone: the store moved, the capture workdir gone
                 store = root / f"elsewhere-{name}" / "store"
                 store.parent.mkdir()
                 os.rename(base / "store", store)
-                shutil.rmtree(workdir)
+                shutil.rmtree(workdir, ignore_errors=True)  # the command line's: gone already
                 not_portable += _links_out_of(store)
-                old = base / "store"
-                not_portable += [f"{p} names {old}" for p in _naming(store, old)]
+                for old in old_stores:
+                    not_portable += [f"{p} names {old}" for p in _naming(store, old)]
             restore = attrs.evolve(
                 restore_request(base, model, driver, provider, name, f"res-{attempt}"),
                 store=str(store),
+                artifact=tag,
             )
             machine = Machine.for_request(restore)
             restored = machine.restore(restore)
