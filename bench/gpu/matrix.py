@@ -75,7 +75,7 @@ SPEC_ARGS = (
     "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
 )  # fmt: skip
 BEHAVIOURS: dict[str, dict[str, Any]] = {
-    "spec": {"draft": ("llama", "tiny"), "engine_args": SPEC_ARGS},
+    "spec": {"draft": ("llama", "tiny"), "engine_args": SPEC_ARGS, "stubs": True},
     "async": {"async_cuda_graphs": True},
     "graphs": {"engine_options": {"cuda_graphs_in_saver": "1"}},
 }
@@ -183,6 +183,11 @@ def run_one(args: argparse.Namespace) -> int:
 
     become_subreaper()  # restored trees are adopted here, and reaped before the next restore
     entry = args.one
+    if BEHAVIOURS.get(entry, {}).get("stubs"):  # every engine of this entry inherits them
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(HERE / "stubs"), os.environ.get("PYTHONPATH")) if p
+        )
+        os.environ["SGLANG_ENABLE_JIT_DEEPGEMM"] = "0"
     out, root = args.out / entry, args.root / entry
     shutil.rmtree(root, ignore_errors=True)  # an earlier call's capsules (models are kept)
     out.mkdir(parents=True, exist_ok=True)
@@ -321,6 +326,7 @@ class Matrix:
             "command": os.environ.get("MATRIX_COMMAND") or shlex.join(sys.argv),
             "engine_args": list(sm.ENGINE_ARGS),
             "variants": list(args.variants),
+            "plan": {entry: list(vs) for entry, vs in args.plan.items()},
             "jobs": args.jobs,
             "prompts": sm.PROMPTS,
             "new_tokens": sm.NEW_TOKENS,
@@ -339,7 +345,7 @@ class Matrix:
         return [
             sys.executable, "-P", __file__, "--one", entry, "--out", str(a.out),
             "--root", str(a.root), "--deadline", str(self.deadline),
-            "--variants", ",".join(a.variants), "--restores", str(a.restores),
+            "--variants", ",".join(a.plan[entry]), "--restores", str(a.restores),
             "--cli-restores", str(a.cli_restores), "--mem-frac", a.mem_frac,
             "--max-tokens", str(a.max_tokens),
             "--cold-s", str(a.cold_s), "--capture-s", str(a.capture_s),
@@ -423,7 +429,7 @@ class Matrix:
             run = ArchRun(run_args, entry)
             run.results["model"] = model
             rec: dict[str, Any] = {"model": model, "variants": {}}
-            for variant in self.args.variants:
+            for variant in self.args.plan[entry]:
                 if variant == CLI:  # the command line prints the request it would run
                     argv = cli_argv(run, "--print-request")
                     done = subprocess.run(argv, capture_output=True, text=True, check=False)
@@ -561,7 +567,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--root", type=Path, default=Path("/var/tmp/coldsnap-matrix"))
     p.add_argument("--archs", type=split, default=tuple(ENTRIES),
-                   help="comma-separated, of: " + ", ".join([*ENTRIES, *BEHAVIOURS]))  # fmt: skip
+                   help="comma-separated, of: " + ", ".join([*ENTRIES, *BEHAVIOURS])
+                   + "; ENTRY:V1+V2 runs that entry's own variants")  # fmt: skip
     p.add_argument("--variants", type=split, default=("n610-native",),
                    help="comma-separated, of: " + ", ".join(VARIANTS))  # fmt: skip
     p.add_argument("--restores", type=int, default=2)
@@ -590,8 +597,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--one", help=argparse.SUPPRESS)
     p.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.plan = {}
+    for item in args.archs:
+        entry, _, own = item.partition(":")
+        args.plan[entry] = tuple(own.split("+")) if own else args.variants
+    args.archs = tuple(args.plan)
     bad = [x for x in args.archs if x not in ENTRIES and x not in BEHAVIOURS]
-    bad += [v for v in args.variants if v not in VARIANTS]
+    bad += [v for vs in args.plan.values() for v in vs if v not in VARIANTS]
     if bad:
         p.error(f"unknown: {', '.join(bad)} (archs: {', '.join(ENTRIES)}; "
                 f"variants: {', '.join(VARIANTS)})")  # fmt: skip

@@ -374,7 +374,7 @@ class Run:
         from coldsnap.engines.sglang import free_port
 
         port = free_port()
-        name = f"cli-{variant}-{i}"
+        name = f"{self.args.size}-{variant}-{i}"  # names serve host-wide: one per run
         cli = [sys.executable, "-m", "coldsnap.cli"]
         argv = [
             *cli, "restore", variant, "--store", str(self.root / "store"), "--port", str(port),
