@@ -8,7 +8,9 @@ What a snapshot target needs (measured with CRIU on real SGLang trees):
 - io_uring_setup failing with ENOSYS (CRIU cannot dump io_uring; see _seccomp);
 - optionally a PID namespace of its own (`unshare --pid --fork`), so several restored copies
   of one image can live at once. Never `--kill-child`: CRIU would save and restore that
-  parent-death signal, and the copies would die with their restorer.
+  parent-death signal, and the copies would die with their restorer;
+- optionally (`hold`) a small root that holds the program as its child: a restore of a tree
+  whose own root is large reads that root's memory last and alone (see _launch_child).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ _CHILD = Path(__file__).with_name("_launch_child.py")
 @define(eq=False)
 class Launched:
     """A started target. `pid` is the process to dump (in a new PID namespace, the namespace's
-    init as seen from here); `launcher` is our direct child: the target itself, or `unshare`."""
+    init as seen from here; with `hold`, the holder, whose only child is the program);
+    `launcher` is our direct child: the target itself, or `unshare`."""
 
     pid: int
     launcher: subprocess.Popen[bytes] = field(repr=False)
@@ -67,11 +70,15 @@ def launch(
     cwd: str | os.PathLike[str] | None = None,
     new_pid_namespace: bool = False,
     block_io_uring: bool = True,
+    hold: bool = False,
     timeout: float = 10.0,
 ) -> Launched:
     """Starts `argv` as a snapshot target and returns once the program itself runs.
 
-    stdout and stderr go to `log_path` (opened for appending; /dev/null when None).
+    stdout and stderr go to `log_path` (opened for appending; /dev/null when None). With
+    `hold` the target's root is a small process (a few MB) that runs the program as its only
+    child, passes on SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2, and exits as the
+    program does.
     """
     argv = [os.fspath(a) for a in argv]
     if not argv:
@@ -85,6 +92,8 @@ def launch(
     child = [sys.executable, "-E", "-s", "-S", str(_CHILD)]
     if block_io_uring:
         child.append("--no-io-uring")
+    if hold:
+        child.append("--hold")
     child += ["--", *argv]
     if new_pid_namespace:
         unshare = shutil.which("unshare")
@@ -113,7 +122,7 @@ def launch(
     try:
         if new_pid_namespace:
             launched.pid = _first_child(popen, timeout)
-        _wait_for_exec(launched, timeout)
+        _wait_for_exec(launched, timeout, hold)
     except BaseException:
         launched.stop(timeout=2.0)
         raise
@@ -136,17 +145,20 @@ def _first_child(popen: subprocess.Popen[bytes], timeout: float) -> int:
     raise LaunchError(f"launch: unshare made no child within {timeout} s")
 
 
-def _wait_for_exec(launched: Launched, timeout: float) -> None:
-    """Waits until the helper has replaced itself with the program."""
+def _wait_for_exec(launched: Launched, timeout: float, hold: bool = False) -> None:
+    """Waits until the helper has replaced itself with the program (with `hold`: until the
+    helper's child has)."""
     deadline = time.monotonic() + timeout
     marker = str(_CHILD).encode()
     while time.monotonic() < deadline:
-        try:
-            cmdline = Path(f"/proc/{launched.pid}/cmdline").read_bytes()
-        except OSError:
-            cmdline = b""
-        if cmdline and marker not in cmdline:
-            return
+        pids = _children(launched.pid) if hold else [launched.pid]
+        for pid in pids:
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                cmdline = b""
+            if cmdline and marker not in cmdline:
+                return
         if launched.poll() is not None or _ended(launched.pid):
             tail = ""
             if launched.log_path is not None and launched.log_path.exists():
@@ -157,6 +169,13 @@ def _wait_for_exec(launched: Launched, timeout: float) -> None:
             )
         time.sleep(0.002)
     raise LaunchError(f"launch: the program did not start within {timeout} s")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 def _ended(pid: int) -> bool:

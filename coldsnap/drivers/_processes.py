@@ -47,8 +47,15 @@ class Processes:
             become_subreaper()
 
     def start(
-        self, command: LaunchCommand, log_path: Path, *, new_pid_namespace: bool = False
+        self,
+        command: LaunchCommand,
+        log_path: Path,
+        *,
+        new_pid_namespace: bool = False,
+        hold: bool = False,
     ) -> int:
+        """Starts the command; returns the root of its tree (with `hold`, a small holder whose
+        child is the command: see coldsnap.backends.launch)."""
         env = {**os.environ, **command.env}
         launched = launch(
             command.argv,
@@ -56,6 +63,7 @@ class Processes:
             env=env,
             cwd=command.cwd,
             new_pid_namespace=new_pid_namespace,
+            hold=hold,
         )
         self._launched[launched.pid] = launched
         return launched.pid

@@ -102,8 +102,14 @@ class N610Driver:
             "runtime_dir": command.env.get(RUNTIME_ENV),
         }
         ctx.record(**facts)  # before the spawn: stop_engine finds an unjournaled PID by these
+        # Held under a small root: CRIU restores the root's memory after the rest of the tree
+        # has restored its own, so with the engine's own process as root a restore would read
+        # its hundreds of MB alone, after the others (coldsnap.backends.launch).
         pid = self.processes.start(
-            command, ctx.workdir / "engine.log", new_pid_namespace=self.new_pid_namespace
+            command,
+            ctx.workdir / "engine.log",
+            new_pid_namespace=self.new_pid_namespace,
+            hold=True,
         )
         made = {"engine_pid": pid, **engine_stamp(pid)}
         ctx.record(**made)
