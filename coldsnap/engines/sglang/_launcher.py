@@ -137,6 +137,23 @@ def export_dir(runtime_dir: Path) -> Path:
     return runtime_dir / "payload"
 
 
+ALGORITHM_FLAG = "--speculative-algorithm"
+OWN_DRAFT_ALGORITHMS = ("STANDALONE",)
+"""Speculative algorithms whose worker loads a draft model of its own from
+`--speculative-draft-model-path`, which SGLang never defaults (0.5.17's StandaloneWorkerV2).
+EAGLE and the others may take the target's own checkpoint (multi-token-prediction layers) or
+need none (NGRAM), so their draft is not required here."""
+
+
+def speculative_algorithm(engine_args: Sequence[str]) -> str | None:
+    """The speculative algorithm the engine arguments name (their last
+    `--speculative-algorithm`), upper-cased as SGLang reads it; None without one."""
+    given = parse_args(engine_args).get(ALGORITHM_FLAG)
+    if not given or not given[-1]:
+        return None
+    return given[-1][0].upper()
+
+
 LOAD_FORMAT_FLAG = "--load-format"
 ALL_SETTINGS = tuple(attrs.fields_dict(EngineSettings))
 """Every field of EngineSettings: an engine's environment states each one, even at its
@@ -320,6 +337,16 @@ class SGLangLauncher:
             text = "; ".join(f"{field}: {why}" for field, why in problems)
             tp = any(a.split("=")[0] in TP_FLAGS for a in request.engine_args)
             raise (TopologyArgsError if tp else EngineArgsError)(text)
+        draft = getattr(request, "draft", None)
+        algorithm = speculative_algorithm(request.engine_args)
+        if draft is None and algorithm in OWN_DRAFT_ALGORITHMS:
+            # admission lets a restore leave the draft out (an n610 image holds it), but an
+            # engine started here loads it from its path
+            raise EngineArgsError(
+                f"draft: the engine arguments name {ALGORITHM_FLAG} {algorithm}, which serves a "
+                "draft model of its own: name it in the field 'draft' (the engine is given its "
+                "path; SGLang has no default for it)"
+            )
         if runtime_dir is None:  # else the driver's, which it made (the Launcher protocol)
             runtime_dir = RUNTIME_ROOT / uuid.uuid4().hex
             runtime_dir.mkdir(parents=True, mode=0o700)
@@ -333,7 +360,6 @@ class SGLangLauncher:
         argv = [sys.executable, "-P", "-m", self.module, "--model-path", request.model.path,
                 "--host", host, "--port", str(port), *self.base_args, *tp_args,
                 *request.engine_args]  # fmt: skip
-        draft = getattr(request, "draft", None)
         if draft is not None:  # a payload restore's dummy load format applies to it too
             argv += ["--speculative-draft-model-path", draft.path]
         if restoring and weights.payload:
@@ -348,11 +374,13 @@ class SGLangLauncher:
 
 
 __all__ = [
+    "ALGORITHM_FLAG",
     "ALL_SETTINGS",
     "CPU_BIND_VARIABLE",
     "CPU_RANKS_ARGS",
     "CUDA_TEMPLATE_PRELOAD",
     "MEMORY_SAVER_HOOK",
+    "OWN_DRAFT_ALGORITHMS",
     "PRELOAD_VARIABLE",
     "RUNTIME_ROOT",
     "TP_FLAGS",
@@ -365,5 +393,6 @@ __all__ = [
     "free_port",
     "memory_saver_preload",
     "recovery_load_format",
+    "speculative_algorithm",
     "tp_size",
 ]
