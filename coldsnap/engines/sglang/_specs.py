@@ -44,7 +44,8 @@ _RESUME_WEIGHTS = Step(
 _RESUME_REST = Step(
     "resume_rest",
     "engine.resume_rest",
-    "resume the kv_cache region (and rebuild CUDA graphs where the engine has them)",
+    "resume the kv_cache region (and, where the engine released its CUDA graphs' region, map "
+    "it again under the kept graph executables)",
     compensation=_LEFT_ASLEEP,
     timeout_s=300.0,
     needs=(s.ENGINE_URL, s.RUNTIME_DIR, s.ENGINE_PID),
