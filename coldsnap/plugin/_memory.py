@@ -1,7 +1,9 @@
 """coldsnap's memory-saver adapter: SGLang's adapter, plus a host backend for CPU weights.
 
 On CUDA, torch_memory_saver frees the weights, KV cache and graph regions at the same virtual
-addresses and the wrapped adapter does all the work. On CPU torch_memory_saver cannot run, so
+addresses and the wrapped adapter does all the work; this adapter only waits for the device
+before each pause, since the saver unmaps at once and a kernel still queued on those pages
+would fault. On CPU torch_memory_saver cannot run, so
 released weights would stay resident (and inside an n610 image). The host backend returns
 the pages of every registered weight storage to the kernel with madvise(MADV_DONTNEED): the
 storage objects and their addresses stay exactly as they were, memory use drops at once, a
@@ -21,7 +23,7 @@ import ctypes
 import logging
 import mmap
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -172,6 +174,13 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def _synchronize_device() -> None:
+    """Waits for every stream of the current device."""
+    import torch
+
+    torch.cuda.synchronize()
+
+
 class ColdsnapMemorySaverAdapter:
     """Wraps the adapter SGLang created; adds host discard for CPU weight storages.
 
@@ -188,7 +197,12 @@ class ColdsnapMemorySaverAdapter:
     """
 
     def __init__(
-        self, inner: Any, *, live_backing: str, host: HostDiscardBackend = HOST_BACKEND
+        self,
+        inner: Any,
+        *,
+        live_backing: str,
+        host: HostDiscardBackend = HOST_BACKEND,
+        synchronize: Callable[[], None] = _synchronize_device,
     ) -> None:
         if live_backing not in LIVE_BACKINGS:
             raise MemoryBackendError(
@@ -198,6 +212,7 @@ class ColdsnapMemorySaverAdapter:
         self.live_backing = live_backing
         self.host = host
         self.cuda = _cuda_available()
+        self._synchronize = synchronize
         # the regions whose pause began since the scheduler last cleared this: after a release
         # that failed part way, what may have changed (and must be resumed) is these only
         self.pauses_begun: set[str] = set()
@@ -233,6 +248,15 @@ class ColdsnapMemorySaverAdapter:
         return self.inner.disable()
 
     def pause(self, tag: str) -> Any:
+        if self.cuda and self.inner.enabled:
+            # torch_memory_saver unmaps the region's pages at once, without waiting for the
+            # device: a kernel still queued that reads them then faults (an illegal memory
+            # access, fatal to the whole context). SGLang's release launches such kernels
+            # right before it pauses the weights (copies of every model buffer, taken
+            # asynchronously), and an overlapped forward may still be finishing on its own
+            # stream. Waiting for every stream first makes the unmap safe; a fault that
+            # already happened surfaces here, before this region is paused.
+            self._synchronize()
         self.pauses_begun.add(tag)
         if self.cuda and self.live_backing == "cpu" and tag == WEIGHTS and not self.inner.enabled:
             raise MemoryBackendError(
