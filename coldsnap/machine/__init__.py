@@ -33,6 +33,7 @@ from ._errors import (
 )
 from ._facts import Fact, declared_facts, fact
 from ._guards import CHECKPOINT, CUDA, GRAPHS, PAYLOAD, RETIRE, Guard, capability
+from ._host import HostBound, HostMissing, HostNeed, check_host
 from ._journal import JOURNAL_NAME, Journal, JournalRecord, Replay, read_journal
 from ._launch import (
     CommandLineError,
@@ -124,6 +125,9 @@ __all__ = [
     "Graph",
     "GraphEngine",
     "Guard",
+    "HostBound",
+    "HostMissing",
+    "HostNeed",
     "IllegalTransition",
     "InstalledBuild",
     "Interrupted",
@@ -174,6 +178,7 @@ __all__ = [
     "branch_of",
     "capability",
     "check_components",
+    "check_host",
     "declared_facts",
     "declared_methods",
     "document",

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from ._convert import parse_request, unstructure
 from ._errors import JournalError, MachineBusy, RequestError
+from ._host import check_host
 from ._journal import JOURNAL_NAME, Journal, Replay, workdir_lock
 from ._protocols import ArtifactStore, Driver, Engine, WeightProvider, check_components
 from ._receipt import RECEIPT_NAME, Receipt
@@ -215,6 +216,10 @@ class Machine:
         self.registry.check(request)
         spec = self.registry.spec(request.operation, request)
         check_components(spec, request, self.components)
+        # What the host lacks is known now (a CRIU that is not there), not minutes later at the
+        # step that first calls it: refused before any lock, journal or process. A resume is
+        # not asked: what it compensates must stay possible on whatever host it runs on.
+        check_host(request, self.components)
         workdir = Path(request.workdir)
         with target_lock(request):
             # The target is checked before the op's workdir exists: a refused op leaves nothing.

@@ -19,6 +19,7 @@ from coldsnap.backends import Criu, refuse_gpu_mappings
 from coldsnap.backends.procs import kill_tree
 from coldsnap.machine import (
     ComponentError,
+    HostNeed,
     LaunchCommand,
     Launcher,
     StepContext,
@@ -26,6 +27,7 @@ from coldsnap.machine import (
 )
 
 from .._errors import TemplateEnded
+from .._host import CRIU_OPERATIONS, criu_need
 from .._processes import (
     RUNTIME_ENV,
     Processes,
@@ -76,6 +78,11 @@ class N580Driver:
         self.control_root = control_root
         self.python = python
         self.processes = Processes()
+
+    def host_needs(self, request: Any) -> list[HostNeed]:
+        """A capture dumps the template with CRIU and a restore restores it (checked by the
+        Machine before anything starts); a stop needs nothing of the host."""
+        return [criu_need(self.criu)] if request.operation in CRIU_OPERATIONS else []
 
     # -- the template -------------------------------------------------------------------------
 

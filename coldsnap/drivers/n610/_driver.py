@@ -17,9 +17,17 @@ from urllib.parse import urlsplit
 from coldsnap.backends import Criu, PidCollision, forward
 from coldsnap.backends.inet import check_port_free, dial_host, listeners, rebind
 from coldsnap.backends.procs import kill_tree, tree_pids
-from coldsnap.machine import ComponentError, Launcher, Skipped, StepContext, launch_weights
+from coldsnap.machine import (
+    ComponentError,
+    HostNeed,
+    Launcher,
+    Skipped,
+    StepContext,
+    launch_weights,
+)
 
 from .._errors import DriverError
+from .._host import CRIU_OPERATIONS, criu_need, cuda_need
 from .._processes import (
     RUNTIME_ENV,
     Processes,
@@ -91,6 +99,14 @@ class N610Driver:
         self.restore_pid_namespace = restore_pid_namespace
         self.processes = Processes()
         self.capabilities = frozenset({"cuda"} if cuda is not None else ())
+
+    def host_needs(self, request: Any) -> list[HostNeed]:
+        """A capture or restore runs CRIU, and on a GPU host the checkpoint API (checked by
+        the Machine before anything starts); a stop needs neither."""
+        if request.operation not in CRIU_OPERATIONS:
+            return []
+        cuda = cuda_need(self.cuda)
+        return [criu_need(self.criu), *([cuda] if cuda is not None else [])]
 
     # -- the source engine --------------------------------------------------------------------
 
