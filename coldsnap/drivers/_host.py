@@ -2,7 +2,8 @@
 HostNeed): the CRIU binary their dump or restore will run, and where the CUDA driver is loaded,
 the checkpoint API through which a driver that snapshots the engine's GPU state moves it.
 
-Both probes are cheap and certain. CRIU is asked `criu --version` (a few milliseconds), the
+Every probe is cheap and certain. Root is asked of the kernel (CRIU refuses to run without it);
+CRIU is asked `criu --version` (a few milliseconds), the
 same question, through the same path, that the dump or restore asks first; `criu check` is left
 to `coldsnap doctor`, as some of what it reports (a kernel feature these processes do not use)
 does not stop a dump. The CUDA probe asks the backend the driver already built; it is declared
@@ -11,6 +12,7 @@ only on a host whose NVIDIA driver is loaded.
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 from coldsnap.backends import Criu, CriuUnavailable, CudaCheckpoint
@@ -21,11 +23,20 @@ CRIU_OPERATIONS = frozenset({"capture", "restore"})
 """The operations whose steps run CRIU (a dump, a restore); a stop only stops processes."""
 
 
-def criu_need(criu: Criu) -> HostNeed:
-    """CRIU at least at `criu.minimum`, runnable at the path this driver will run it from."""
+def criu_needs(criu: Criu) -> list[HostNeed]:
+    """Root, which CRIU needs to dump and restore processes, and CRIU at least at
+    `criu.minimum`, runnable at the path this driver will run it from."""
     want = ".".join(map(str, criu.minimum))
     where = str(criu.binary) if criu.binary is not None else "(none found: COLDSNAP_CRIU unset)"
-    return HostNeed(f"CRIU >= {want} at {where}", lambda: _criu_problem(criu))
+    return [
+        HostNeed("root (CRIU dumps and restores processes as root)", _root_problem),
+        HostNeed(f"CRIU >= {want} at {where}", lambda: _criu_problem(criu)),
+    ]
+
+
+def _root_problem() -> str | None:
+    uid = os.geteuid()
+    return None if uid == 0 else f"running as uid {uid}"
 
 
 def _criu_problem(criu: Criu) -> str | None:
@@ -54,4 +65,4 @@ def _cuda_problem() -> str:
     return CudaCheckpoint().problem() or "the driver was built without it"
 
 
-__all__ = ["CRIU_OPERATIONS", "criu_need", "cuda_need"]
+__all__ = ["CRIU_OPERATIONS", "criu_needs", "cuda_need"]

@@ -42,7 +42,7 @@ def test_capture_without_criu_says_so_and_exits_5(
         driver = N610Driver(launcher=None, criu=Criu(missing))  # type: ignore[arg-type]
         return Machine(**{**components, "driver": driver}, registry=registry, **kw)
 
-    monkeypatch.setattr("os.geteuid", lambda: 0)  # root is checked first, by the command line
+    monkeypatch.setattr("os.geteuid", lambda: 0)  # root is asked first (the command line too)
     monkeypatch.setattr(Machine, "for_request", staticmethod(for_request))
     result = CliRunner().invoke(main, ["capture", str(_request_file(tmp_path))])
     assert result.exit_code == 5, result.output + result.stderr

@@ -5,6 +5,7 @@ doubles) are not asked."""
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,6 +30,12 @@ from coldsnap.testing import MemoryWorld
 
 from ._lifecycle import lifecycle_registry
 from ._support import capture_request, restore_request
+
+
+@pytest.fixture(autouse=True)
+def root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Root, whoever runs the tests: each test says what else the host lacks."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
 
 
 def fake_criu(tmp_path: Path, version: str) -> Path:
@@ -103,8 +110,8 @@ def test_a_cpu_host_does_not_ask_for_the_cuda_api(
     monkeypatch.setattr(CudaCheckpoint, "problem", lambda self: asked.append("api") or "no api")
     driver = _driver("n610", fake_criu(tmp_path, "4.2.1"))
     needs = driver.host_needs(SimpleNamespace(operation="restore"))
-    assert [need.what.split()[0] for need in needs] == ["CRIU"]
-    assert [need.probe() for need in needs] == [None]
+    assert [need.what.split()[0] for need in needs] == ["root", "CRIU"]
+    assert [need.probe() for need in needs] == [None, None]
     assert asked == []
 
 
@@ -122,7 +129,22 @@ def test_a_gpu_host_without_the_cuda_api_refuses_an_n610_operation(
     assert not Path(request.workdir).exists()
     with_api = N610Driver(launcher=None, criu=Criu(fake_criu(tmp_path, "4.2.1")),  # type: ignore[arg-type]
                           cuda=SimpleNamespace())  # type: ignore[arg-type]  # fmt: skip
-    assert [n.probe() for n in with_api.host_needs(request)] == [None, None]
+    assert [n.probe() for n in with_api.host_needs(request)] == [None, None, None]
+
+
+@pytest.mark.parametrize("driver", ["n610", "n580"])
+def test_without_root_the_operation_is_refused_naming_the_uid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, driver: str
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    request = capture_request(tmp_path, driver)
+    component = _driver(driver, fake_criu(tmp_path, "4.2.1"))
+    with pytest.raises(HostMissing) as refused:
+        _machine(tmp_path, request, component).capture(request)
+    assert [str(m) for m in refused.value.missing] == [
+        f"root (CRIU dumps and restores processes as root) (driver '{driver}'): running as uid 1000"
+    ]
+    assert not Path(request.workdir).exists()
 
 
 def test_every_unmet_need_is_named_with_its_component(tmp_path: Path) -> None:

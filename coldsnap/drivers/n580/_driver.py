@@ -27,7 +27,7 @@ from coldsnap.machine import (
 )
 
 from .._errors import TemplateEnded
-from .._host import CRIU_OPERATIONS, criu_need
+from .._host import CRIU_OPERATIONS, criu_needs
 from .._processes import (
     RUNTIME_ENV,
     Processes,
@@ -80,9 +80,9 @@ class N580Driver:
         self.processes = Processes()
 
     def host_needs(self, request: Any) -> list[HostNeed]:
-        """A capture dumps the template with CRIU and a restore restores it (checked by the
-        Machine before anything starts); a stop needs nothing of the host."""
-        return [criu_need(self.criu)] if request.operation in CRIU_OPERATIONS else []
+        """A capture dumps the template with CRIU and a restore restores it, as root
+        (checked by the Machine before anything starts); a stop needs nothing of the host."""
+        return criu_needs(self.criu) if request.operation in CRIU_OPERATIONS else []
 
     # -- the template -------------------------------------------------------------------------
 

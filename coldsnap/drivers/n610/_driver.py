@@ -27,7 +27,7 @@ from coldsnap.machine import (
 )
 
 from .._errors import DriverError
-from .._host import CRIU_OPERATIONS, criu_need, cuda_need
+from .._host import CRIU_OPERATIONS, criu_needs, cuda_need
 from .._processes import (
     RUNTIME_ENV,
     Processes,
@@ -101,12 +101,12 @@ class N610Driver:
         self.capabilities = frozenset({"cuda"} if cuda is not None else ())
 
     def host_needs(self, request: Any) -> list[HostNeed]:
-        """A capture or restore runs CRIU, and on a GPU host the checkpoint API (checked by
-        the Machine before anything starts); a stop needs neither."""
+        """A capture or restore runs CRIU (as root), and on a GPU host the checkpoint API
+        (checked by the Machine before anything starts); a stop needs neither."""
         if request.operation not in CRIU_OPERATIONS:
             return []
         cuda = cuda_need(self.cuda)
-        return [criu_need(self.criu), *([cuda] if cuda is not None else [])]
+        return [*criu_needs(self.criu), *([cuda] if cuda is not None else [])]
 
     # -- the source engine --------------------------------------------------------------------
 
