@@ -168,7 +168,17 @@ class CliCapsule:
     """The capture request the command line made (the first record of its journal)."""
 
     def own_store(self, folder: Path) -> Path:
-        """A copy of the capsule's store at `folder`/store, for one test to use as it likes."""
+        """A copy of the capsule's store at `folder`/store, for one test to use as it likes.
+
+        Every restore of this capsule takes back its image's PIDs. A tree an earlier test
+        restored from the command line outlived its `coldsnap restore` and was adopted by this
+        process (a subreaper since in-process drivers ran here): once stopped, its processes are
+        zombies of ours, holding those PIDs, until reaped. They are reaped here, before this
+        test restores anything. (Outside tests that adopter is init, or the embedding
+        orchestrator, whose next restore reaps its own zombies: backends.check_pids_free.)"""
+        from coldsnap.backends import reap_children
+
+        reap_children()
         copy = folder / "store"
         shutil.copytree(self.store, copy, symlinks=True)
         return copy

@@ -135,11 +135,8 @@ def test_capture_your_own_server_restore_it_on_your_port_then_stop_and_gc(
         assert after.returncode == 0 and not json.loads(after.stdout)["running"], after.stderr
         assert "nothing serving" in run_cli("status", marker=marker, env=serving).stdout
 
-        # The restored tree outlived the `coldsnap restore` that made it and was adopted by this
-        # test process (a subreaper since in-process drivers ran here), so what `coldsnap stop`
-        # ended are zombies of ours until reaped: they would hold the image's PIDs. (Outside a
-        # test the tree's adopter is init, or the embedding orchestrator, whose next restore
-        # reaps its own zombies: backends.check_pids_free.)
+        # What `coldsnap stop` ended are zombies of this process until reaped, holding the
+        # image's PIDs (conftest's CliCapsule.own_store says why).
         from coldsnap.backends import reap_children
 
         reap_children()
