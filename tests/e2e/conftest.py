@@ -187,12 +187,12 @@ class CliCapsule:
 @pytest.fixture(scope="session")
 def cli_capsule(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliCapsule]:
     """One command-line capture of the tiny Llama for the session (see CliCapsule): one server
-    start instead of one per module that serves a capsule from the command line."""
+    start instead of one per module that serves that capsule (the CLI, registry and replicas
+    tests, and test_sglang_e2e.py's n610 native variant)."""
+    from coldsnap.machine._targets import read_receipt
     from tests._support import free_port
 
     root = tmp_path_factory.mktemp("cli-capsule")
-    from coldsnap.machine._targets import read_receipt
-
     marker, store, user_port = uuid.uuid4().hex, root / "store", free_port()
     workdir = root / "capture"
     launch = ("python", "-m", "sglang.launch_server", "--model-path", str(tiny_llama),
