@@ -62,9 +62,16 @@ def test_a_program_killed_by_a_signal_ends_the_launcher_by_that_signal(launched)
     assert proc.wait(10) == -signal.SIGKILL
 
 
-def test_an_exit_code_is_passed_on(launched):
-    proc = launched([sys.executable, "-c", "import time; time.sleep(0.5); raise SystemExit(7)"],
-                    hold=True)  # fmt: skip
+def test_an_exit_code_is_passed_on(launched, tmp_path: Path):
+    go = tmp_path / "go"  # the program ends only once the launch has returned
+    wait_then_7 = (
+        "import os, sys, time\n"
+        "while not os.path.exists(sys.argv[1]):\n"
+        "    time.sleep(0.01)\n"
+        "raise SystemExit(7)\n"
+    )
+    proc = launched([sys.executable, "-c", wait_then_7, str(go)], hold=True)
+    go.touch()
     assert proc.wait(30) == 7
 
 
