@@ -68,8 +68,9 @@ SIGSTOP cannot be caught: a tree is killed member by member)."""
 
 
 def _hold(program: list[str]) -> int:
-    """Runs PROGRAM as the only child and waits for it; returns its exit code (128 + N for a
-    signal N). Signals that arrive before the child exists are held back by the mask and
+    """Runs PROGRAM as the only child and waits for it; returns its exit code, and when a
+    signal N ended it, ends by N too (a PID namespace's init, which cannot, returns 128 + N).
+    Signals that arrive before the child exists are held back by the mask and
     forwarded once it does. Every child that ends is reaped: as a PID namespace's init, the
     orphans of the tree are this process's to reap."""
     child = 0
@@ -92,7 +93,8 @@ def _hold(program: list[str]) -> int:
     while True:
         try:
             pid, status = os.waitpid(-1, 0)
-        except ChildProcessError:  # not ours any more: nothing to report
+        except ChildProcessError:  # someone else reaped it: its status is lost
+            print(f"launch: the program ({child}) was reaped elsewhere", file=sys.stderr)
             return 1
         if pid == child:
             code = os.waitstatus_to_exitcode(status)
