@@ -257,9 +257,9 @@ def flushed_answers(url: str) -> list[tuple[int, ...]]:
     with EngineClient(url, SGLANG_POLICY) as client:
         out = []
         for prompt in PROMPTS:
-            client.flush_cache()
+            client.flush_cache_when_idle()
             out.append(client.generate(prompt, max_new_tokens=MAX_NEW_TOKENS).token_ids)
-        client.flush_cache()
+        client.flush_cache_when_idle()
         return out
 
 

@@ -63,7 +63,7 @@ def test_pushed_pulled_into_an_empty_store_elsewhere_and_restored_exactly(
             assert restored.returncode == 0, restored.stdout[-4000:] + restored.stderr[-2000:]
             url = f"http://127.0.0.1:{port}"
             with EngineClient(url, SGLANG_POLICY) as client:
-                client.flush_cache()
+                client.flush_cache_when_idle()
             assert answers(url) == tiny_cold, "the pulled capsule answers unlike the cold start"
             stopped = run_cli("stop", "tiny", marker=marker, env=env)
             assert stopped.returncode == 0, stopped.stderr

@@ -58,9 +58,9 @@ def answers(url):
     with EngineClient(url, SGLANG_POLICY) as client:
         out = []
         for p in prompts:
-            client.flush_cache()
+            client.flush_cache_when_idle()
             out.append(list(client.generate(p, max_new_tokens=max_new).token_ids))
-        client.flush_cache()
+        client.flush_cache_when_idle()
         return out
 
 

@@ -32,7 +32,7 @@ from coldsnap._wire import (
     status_path,
     write_plan,
 )
-from coldsnap.backends.procs import running
+from coldsnap.backends.procs import held_program, host_pid, running
 from coldsnap.engines import EngineClient, EngineError, EnginePolicy
 from coldsnap.machine import (
     InstalledBuild,
@@ -589,7 +589,7 @@ def _released_tags(ctx: StepContext, step: str) -> set[str]:
             status = read_status(path)
         except (OSError, StatusError) as exc:
             raise EngineError(step, f"the engine's status record: {exc}") from None
-        if status.pid != pid:
+        if not _engine_wrote(status.pid, pid):
             raise EngineError(step, f"{path} was written by pid {status.pid}, not {pid}")
         if status.last_event != "gate_closed":  # a call in flight closes the gate first
             return set(status.released_tags or ())
@@ -794,7 +794,15 @@ def _gate_opened(runtime_dir: str | None, pid: int) -> bool:
         status = read_status(status_path(Path(runtime_dir), HTTP_PROCESS))
     except (OSError, StatusError):
         return False
-    return status.pid == pid and status.gate == "open" and status.released_tags == ()
+    return _engine_wrote(status.pid, pid) and status.gate == "open" and status.released_tags == ()
+
+
+def _engine_wrote(writer: int, engine_pid: int) -> bool:
+    """Whether a status record's writer (a PID in the engine's own namespace) is the engine's
+    HTTP server: the root of its tree, or the program a launch holder at that root runs (the
+    driver may start the engine under a small holder: coldsnap.backends.launch)."""
+    pid = host_pid(engine_pid, writer)
+    return pid == engine_pid or pid == held_program(engine_pid)
 
 
 def _gib(n: int) -> str:
