@@ -30,6 +30,7 @@ from . import procs
 from ._errors import LaunchError
 
 _CHILD = Path(__file__).with_name("_launch_child.py")
+_HOLD = "--hold"
 
 
 @define(eq=False)
@@ -93,7 +94,7 @@ def launch(
     if block_io_uring:
         child.append("--no-io-uring")
     if hold:
-        child.append("--hold")
+        child.append(_HOLD)
     child += ["--", *argv]
     if new_pid_namespace:
         unshare = shutil.which("unshare")
@@ -176,6 +177,21 @@ def _children(pid: int) -> list[int]:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
+
+
+def held_program(pid: int) -> int | None:
+    """The program a holder at `pid` runs (its only child), None when `pid` is no holder
+    (`launch(..., hold=True)`). Known by the holder's own command line, which a restored image
+    keeps: this helper's file name (the restoring host may hold coldsnap elsewhere) and --hold."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    name = b"/" + _CHILD.name.encode()
+    if _HOLD.encode() not in argv or not any(a.endswith(name) for a in argv):
+        return None
+    children = _children(pid)
+    return children[0] if len(children) == 1 else None
 
 
 def _ended(pid: int) -> bool:

@@ -16,7 +16,6 @@ import os
 import signal
 import time
 from collections.abc import Iterable
-from pathlib import Path
 
 import psutil
 from attrs import frozen
@@ -206,19 +205,6 @@ def host_pid(root: int, pid: int) -> int:
         if namespace_pid(member) == pid:
             return member
     return pid
-
-
-def held_program(pid: int) -> int | None:
-    """The program a launch holder at `pid` runs (its only child), None when `pid` is no
-    holder (coldsnap.backends.launch, `hold`). Known by the holder's command line, which a
-    restored image keeps: the helper's file name and its --hold flag."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return None
-    holder = b"--hold" in argv and any(a.endswith(b"/_launch_child.py") for a in argv)
-    return int(children[0]) if holder and len(children) == 1 else None
 
 
 def namespace_pid(pid: int) -> int | None:

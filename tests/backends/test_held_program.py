@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from coldsnap.backends.procs import held_program
+from coldsnap.backends.launch import held_program
 from coldsnap.engines.sglang._steps import _engine_wrote
 
 from .conftest import wait_for_line

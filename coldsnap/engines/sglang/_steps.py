@@ -32,7 +32,8 @@ from coldsnap._wire import (
     status_path,
     write_plan,
 )
-from coldsnap.backends.procs import held_program, host_pid, running
+from coldsnap.backends.launch import held_program
+from coldsnap.backends.procs import host_pid, running
 from coldsnap.engines import EngineClient, EngineError, EnginePolicy
 from coldsnap.machine import (
     InstalledBuild,
