@@ -132,14 +132,10 @@ def launch(
 
 def _first_child(popen: subprocess.Popen[bytes], timeout: float) -> int:
     deadline = time.monotonic() + timeout
-    children = Path(f"/proc/{popen.pid}/task/{popen.pid}/children")
     while time.monotonic() < deadline:
-        try:
-            pids = children.read_text().split()
-        except OSError:
-            pids = []
+        pids = _children(popen.pid)
         if pids:
-            return int(pids[0])
+            return pids[0]
         if popen.poll() is not None:
             raise LaunchError(f"launch: unshare exited with {popen.returncode} before forking")
         time.sleep(0.002)
