@@ -79,6 +79,9 @@ BEHAVIOURS: dict[str, dict[str, Any]] = {
     "async": {"async_cuda_graphs": True},
     "graphs": {"engine_options": {"cuda_graphs_in_saver": "1"}},
 }
+# The same draft under a second name, so that its n580 variants run side by side with the n610
+# ones in one device call (an entry's variants run one after another).
+BEHAVIOURS["spec-n580"] = BEHAVIOURS["spec"]
 VARIANTS = ("n610-native", "n610-recovery", "n580-native", "n580-recovery", "cli")
 CLI = "cli"  # the operator's path: `coldsnap capture -- <launch command>`, `coldsnap restore`
 
@@ -428,6 +431,7 @@ class Matrix:
             )  # fmt: skip
             run = ArchRun(run_args, entry)
             run.results["model"] = model
+            run_args.root.mkdir(parents=True, exist_ok=True)  # the command line's store's parent
             rec: dict[str, Any] = {"model": model, "variants": {}}
             for variant in self.args.plan[entry]:
                 if variant == CLI:  # the command line prints the request it would run
