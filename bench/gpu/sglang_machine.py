@@ -57,6 +57,19 @@ BASE_ARGS = (
 )  # fmt: skip
 ENGINE_ARGS = (*BASE_ARGS, "--mem-fraction-static", "0.05")  # replaced by --mem-frac in main()
 VARIANTS = ("n610-native", "n610-recovery", "n580-native", "n580-recovery")
+# A variant may name engine options after a dot: "n610-native.graphs" captures and restores with
+# SGLang's CUDA graphs in the memory saver's region (prefill graphs off), compared with the same
+# cold start as the others.
+OPTIONS: dict[str, dict[str, str]] = {"graphs": {"cuda_graphs_in_saver": "1"}}
+
+
+def split_variant(variant: str) -> tuple[str, str, dict[str, str] | None]:
+    """(driver, provider, engine options or None) of a variant's name."""
+    base, _, option = variant.partition(".")
+    driver, provider = base.split("-", 1)
+    return driver, provider, (dict(OPTIONS[option]) if option else None)
+
+
 NEW_TOKENS = 16
 GIB = 2**30
 
@@ -126,23 +139,23 @@ class Run:
     def capture_request(self, variant: str, *, engine: str = "sglang") -> Any:
         from coldsnap import CaptureRequest
 
-        driver, provider = variant.split("-", 1)
+        driver, provider, options = split_variant(variant)
         (self.root / variant).mkdir(parents=True, exist_ok=True)
         return CaptureRequest(
             driver=driver, provider=provider, engine=engine, model=self.model_ref(),
             workdir=str(self.root / variant / "capture"), store=str(self.root / "store"),
-            name=variant, engine_args=ENGINE_ARGS,
+            name=variant, engine_args=ENGINE_ARGS, engine_options=options or {},
         )  # fmt: skip
 
     def restore_request(self, variant: str, i: int) -> Any:
         from coldsnap import RestoreRequest
 
-        driver, provider = variant.split("-", 1)
+        driver, provider, options = split_variant(variant)
         (self.root / variant).mkdir(parents=True, exist_ok=True)
         return RestoreRequest(
             driver=driver, provider=provider, engine="sglang", artifact=variant,
             model=self.model_ref(), workdir=str(self.root / variant / f"restore{i}"),
-            store=str(self.root / "store"), engine_args=ENGINE_ARGS,
+            store=str(self.root / "store"), engine_args=ENGINE_ARGS, engine_options=options or {},
         )  # fmt: skip
 
     # -- HTTP ----------------------------------------------------------------------------------
@@ -772,7 +785,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--variants",
         type=lambda s: tuple(v for v in s.split(",") if v),
         default=VARIANTS,
-        help="comma-separated, of: " + ", ".join(VARIANTS),
+        help="comma-separated, of: "
+        + ", ".join(VARIANTS)
+        + "; each may add ."
+        + ", .".join(OPTIONS)
+        + " (OPTIONS)",
     )
     p.add_argument("--restores", type=int, default=2)
     p.add_argument("--budget", type=float, default=540.0, help="seconds for the whole run")
@@ -793,7 +810,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--child-restore", metavar="VARIANT", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    bad = [v for v in args.variants if v not in VARIANTS]
+    bad = [
+        v
+        for v in args.variants
+        if v.partition(".")[0] not in VARIANTS or v.partition(".")[2] not in ("", *OPTIONS)
+    ]
     if bad:
         p.error(f"--variants: unknown {', '.join(bad)} (known: {', '.join(VARIANTS)})")
     if args.restores < 1:
