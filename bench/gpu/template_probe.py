@@ -6,7 +6,10 @@ modules one by one (coldsnap.engines.sglang.SGLangLauncher's preloads), with tor
 points wrapped to print the Python stack of their first call, and after each import lists the
 NVIDIA device files the process maps or holds open.
 
-    python3 bench/gpu/template_probe.py
+    python3 bench/gpu/template_probe.py [MODULE ...]
+
+MODULEs, when named, are imported instead of the template's preloads (for instance
+`sglang.launch_server`, to see which call of SGLang's import makes the CUDA context).
 """
 
 from __future__ import annotations
@@ -70,7 +73,10 @@ def main() -> int:
     wrap_torch_cuda()
     from coldsnap.engines.sglang import SGLangLauncher
 
-    names = (*SGLangLauncher.template_preload, *(SGLangLauncher.forkserver_preload or ()))
+    names = tuple(sys.argv[1:]) or (
+        *SGLangLauncher.template_preload,
+        *(SGLangLauncher.forkserver_preload or ()),
+    )
     for name in names:
         t = time.perf_counter()
         try:
