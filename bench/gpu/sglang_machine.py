@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -356,7 +357,8 @@ class Run:
         argv = [
             sys.executable, __file__, "--out", str(self.out / "fresh"), "--model",
             str(self.args.model), "--size", self.args.size, "--root", str(self.root),
-            "--mem-frac", self.args.mem_frac, "--child-restore", variant,
+            "--mem-frac", self.args.mem_frac, "--extra-args", self.args.extra_args,
+            "--child-restore", variant,
         ]  # fmt: skip
         t0 = time.perf_counter()
         done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
@@ -799,6 +801,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--refusal", action="store_true", help="also the memory-saver-off capture")
     p.add_argument("--dry", action="store_true", help="no GPU: check imports and requests")
     p.add_argument("--mem-frac", default="0.05", help="--mem-fraction-static of every server")
+    p.add_argument(
+        "--extra-args",
+        default="",
+        help="more engine flags for every server, cold starts included (one string), e.g. "
+        '"--cuda-graph-backend-prefill disabled"',
+    )
     p.add_argument("--naive", action="store_true", help="snapshot the cold server whole, too")
     p.add_argument("--warm-cold", action="store_true", help="a second cold start at the end")
     p.add_argument("--fresh-restore", action="store_true", help="one more, by a new process")
@@ -825,7 +833,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     global ENGINE_ARGS
     args = parse(argv)
-    ENGINE_ARGS = (*BASE_ARGS, "--mem-fraction-static", args.mem_frac)
+    ENGINE_ARGS = (*BASE_ARGS, "--mem-fraction-static", args.mem_frac,
+                   *shlex.split(args.extra_args))  # fmt: skip
     if args.child_restore:
         return Run(args).main()
     if not args.dry:
