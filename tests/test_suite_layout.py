@@ -88,3 +88,24 @@ def test_the_check_reads_marks_and_groups() -> None:
     assert _marks_used(marked) == {"criu"}
     assert _module_groups(marked) == set()
     assert _module_groups(grouped) == {"host"}
+
+
+def test_only_the_server_group_runs_at_the_normal_priority() -> None:
+    """conftest's `nice_for`: the server group at 0, every other test (a toy, an in-memory test)
+    at the background priority, whichever way the group is given."""
+    import pytest
+
+    from tests.conftest import BACKGROUND_NICE, nice_for
+
+    class Item:
+        def __init__(self, *marks: pytest.Mark) -> None:
+            self.marks = {m.name: m for m in marks}
+
+        def get_closest_marker(self, name: str) -> pytest.Mark | None:
+            return self.marks.get(name)
+
+    assert BACKGROUND_NICE > 0
+    assert nice_for(Item(pytest.mark.xdist_group(SERVER_GROUP).mark)) == 0  # type: ignore[arg-type]
+    assert nice_for(Item(pytest.mark.xdist_group(name=SERVER_GROUP).mark)) == 0  # type: ignore[arg-type]
+    for other in (Item(pytest.mark.xdist_group("toys").mark), Item(pytest.mark.slow.mark), Item()):
+        assert nice_for(other) == BACKGROUND_NICE  # type: ignore[arg-type]
