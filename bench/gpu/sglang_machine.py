@@ -468,7 +468,12 @@ class Run:
         resume = record.get("resume") or {}
         out: dict[str, Any] = {"provider": resume.get("provider"), "seconds": resume.get("seconds")}
         out["cuda_release"] = record.get("cuda_release")  # the capture's, kept in the image
-        hydrated = (resume.get("hydrated") or {}).get("target")
+        roles = resume.get("hydrated") or {}
+        # every role the refill filled (a speculative draft is one of its own), not the target only
+        out["roles"] = {role: {k: d.get(k) for k in ("nbytes", "copy_seconds", "cuda_path")}
+                        for role, d in roles.items() if isinstance(d, dict)}  # fmt: skip
+        out["loaded"] = resume.get("loaded")  # recovery: each role's checkpoint
+        hydrated = roles.get("target")
         if hydrated:  # native: the copy from the staged pack into the storages
             out["detail"] = hydrated
             out["bytes"] = hydrated.get("nbytes")
