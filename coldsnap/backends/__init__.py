@@ -15,6 +15,7 @@ from ._errors import (
     PidCollision,
     PidStillHeld,
 )
+from ._probe import gpu_host
 from ._records import DumpManifest, RestoredTree, SavedFile
 from .criu import Criu, CriuVersion
 from .cuda_checkpoint import CudaCheckpoint
@@ -52,6 +53,7 @@ __all__ = [
     "SavedFile",
     "become_subreaper",
     "check_pids_free",
+    "gpu_host",
     "gpu_mappings",
     "launch",
     "reap",

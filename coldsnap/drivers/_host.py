@@ -15,8 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from coldsnap.backends import Criu, CriuUnavailable, CudaCheckpoint
-from coldsnap.backends._probe import gpu_host
+from coldsnap.backends import Criu, CriuUnavailable, CudaCheckpoint, gpu_host
 from coldsnap.machine import HostNeed
 
 CRIU_OPERATIONS = frozenset({"capture", "restore"})
