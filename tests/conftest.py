@@ -24,13 +24,7 @@ together. So under xdist (and as root, which may take a priority back) every tes
 runs at a lower CPU priority (`BACKGROUND_NICE`, and so does every process it starts): on two
 cores the other worker then takes the CPU time the server group leaves idle instead of slowing
 its server starts and restores, while the server group's own tests run at the normal priority.
-Nothing a test checks depends on it.
-
-For the same reason the server group starts with the modules whose time is server starts and
-in-process checks, and leaves those whose time is CRIU restores of one session capsule for
-later (`EARLY_IN_THE_SERVER_GROUP`): a CRIU dump or restore takes the host's CRIU lock
-(backends.criu), which the toys take again and again while they run, and the server group's
-restores waited for it. The order of the modules changes, never that of the tests in one."""
+Nothing a test checks depends on it."""
 
 from __future__ import annotations
 
@@ -41,38 +35,12 @@ import pytest
 from tests._support import COMPONENTS, need, required
 
 SERVER_GROUP = "host"
-EARLY_IN_THE_SERVER_GROUP = (
-    "tests/plugin/test_sglang_tiny.py",
-    "tests/plugin/test_sglang_small.py",
-    "tests/plugin/test_sglang_startup.py",
-    "tests/engines/",
-    "tests/e2e/test_arch_matrix_cpu.py",
-    "tests/e2e/test_sglang_tp2.py",
-    "tests/e2e/test_rehearse_e2e.py",
-    "tests/e2e/test_sglang_residual.py",
-)
-"""Modules run first, in this order (a folder: all its modules), before the rest in the order
-pytest collected them."""
 BACKGROUND_NICE = 10
 """The nice value of the tests outside SERVER_GROUP under xdist (0 is the normal priority)."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
     required()  # a misspelt COLDSNAP_REQUIRE stops the run before any test
-
-
-def early_rank(nodeid: str) -> int:
-    """Where a test's module comes in the run: its place in EARLY_IN_THE_SERVER_GROUP, or after
-    all of them."""
-    for rank, prefix in enumerate(EARLY_IN_THE_SERVER_GROUP):
-        if nodeid.startswith(prefix):
-            return rank
-    return len(EARLY_IN_THE_SERVER_GROUP)
-
-
-@pytest.hookimpl(trylast=True)  # after pytest grouped the tests by their fixtures
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: early_rank(item.nodeid))  # stable: each module keeps its order
 
 
 @pytest.hookimpl(tryfirst=True)  # before the `skipif` marks are evaluated: a requirement wins

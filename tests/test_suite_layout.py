@@ -109,16 +109,3 @@ def test_only_the_server_group_runs_at_the_normal_priority() -> None:
     assert nice_for(Item(pytest.mark.xdist_group(name=SERVER_GROUP).mark)) == 0  # type: ignore[arg-type]
     for other in (Item(pytest.mark.xdist_group("toys").mark), Item(pytest.mark.slow.mark), Item()):
         assert nice_for(other) == BACKGROUND_NICE  # type: ignore[arg-type]
-
-
-def test_the_early_modules_exist_and_come_first_in_their_order() -> None:
-    """conftest's EARLY_IN_THE_SERVER_GROUP names modules (or folders) that are there, and
-    `early_rank` puts them in its order, before every other module."""
-    from tests.conftest import EARLY_IN_THE_SERVER_GROUP, early_rank
-
-    root = TESTS.parent
-    assert all((root / prefix).exists() for prefix in EARLY_IN_THE_SERVER_GROUP)
-    ranks = [early_rank(f"{prefix}test_x.py::t" if prefix.endswith("/") else f"{prefix}::t")
-             for prefix in EARLY_IN_THE_SERVER_GROUP]  # fmt: skip
-    assert ranks == sorted(ranks) == list(range(len(EARLY_IN_THE_SERVER_GROUP)))
-    assert early_rank("tests/e2e/test_cli_e2e.py::test_x") == len(EARLY_IN_THE_SERVER_GROUP)
