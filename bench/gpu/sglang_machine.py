@@ -5,6 +5,7 @@ product).
     python3 bench/gpu/sglang_machine.py --out OUT --model /tmp/model [--size small]
         [--variants n610-native,...] [--restores 2] [--budget 540] [--cold-json PATH]
         [--refusal] [--dry] [--mem-frac 0.05] [--naive] [--warm-cold] [--cli-restores N]
+        [--extra-args "ENGINE FLAGS"]
 
 Order (a fresh machine compiles SGLang's JIT kernels on first use, about 100 s, so the cold start
 runs first, and once): the pinned host-to-device reference copy; a cold start of the server the
@@ -27,7 +28,10 @@ once more at the end (JIT kernels compiled by then: the fair cold start for a ho
 ran the server). `--cli-restores N` restores each capsule N more times by `coldsnap restore` in a
 new process (the operator's path: interpreter, command line, Machine, restore), timed from the
 spawn to the first answer, and prints its ratio to the in-process restores' median
-(`cli_vs_in_process`). Per-process device memory (nvidia-smi) is recorded after each release.
+(`cli_vs_in_process`). A variant may add engine options after a dot (`n610-native.graphs`:
+CUDA graphs in the memory saver's region, OPTIONS); `--extra-args` adds engine flags to every
+server of the run, cold starts included, so its ratios compare like with like. Per-process
+device memory (nvidia-smi) is recorded after each release.
 """
 
 from __future__ import annotations
