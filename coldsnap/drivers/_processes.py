@@ -126,13 +126,32 @@ def find_roots(belongs: Belongs) -> list[int]:
     return sorted(pid for pid, parent in found.items() if parent not in found)
 
 
+RESTORE_WAIT_S = 120.0
+"""How long a search for an unjournaled restored root waits for a CRIU restore still running."""
+
+
+def _restores_writing(pidfile: Path) -> list[psutil.Process]:
+    """The CRIU restores still running that will write `pidfile` (their command line names it)."""
+    want = str(pidfile.resolve())
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        args = proc.info.get("cmdline") or []
+        if "restore" in args and want in args:
+            found.append(proc)
+    return found
+
+
 def restored_root(workdir: Path, belongs: Belongs) -> int | None:
     """The root CRIU restored for this operation (its pidfile in the restore work dir), when
     it still runs and `belongs`: a restore whose orchestrator died before the PID was
     journaled. A pidfile may outlive its process and the PID be taken by another: hence the
-    check."""
+    check. CRIU writes the pidfile only once the tree is restored, and a restore outlives the
+    orchestrator that was killed while it ran: so a restore still running for this operation
+    is waited for first (at most RESTORE_WAIT_S), or its tree would be missed and left running."""
+    pidfile = workdir / RESTORE_WORK / "restored.pid"
+    psutil.wait_procs(_restores_writing(pidfile), timeout=RESTORE_WAIT_S)
     try:
-        pid = int((workdir / RESTORE_WORK / "restored.pid").read_text().strip())
+        pid = int(pidfile.read_text().strip())
         proc = psutil.Process(pid)
         ours = proc.status() != psutil.STATUS_ZOMBIE and belongs(proc)
     except (OSError, ValueError, psutil.Error):
