@@ -35,6 +35,7 @@ import pytest
 from tests._support import COMPONENTS, need, required
 
 SERVER_GROUP = "host"
+"""The group of every module that starts an SGLang server or uses a GPU: one at a time."""
 BACKGROUND_NICE = 10
 """The nice value of the tests outside SERVER_GROUP under xdist (0 is the normal priority)."""
 

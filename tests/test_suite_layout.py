@@ -9,11 +9,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.conftest import SERVER_GROUP
+
 TESTS = Path(__file__).resolve().parent
 HOST_MARKS = {"criu", "sglang", "gpu"}
 GROUPS = ("host", "toys")
-SERVER_GROUP = "host"
-"""The group of every module that starts an SGLang server or uses a GPU: one at a time."""
 
 
 def _marks_used(tree: ast.Module) -> set[str]:
