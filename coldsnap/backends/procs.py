@@ -256,12 +256,15 @@ def kill_tree(pid: int, timeout: float = 20.0) -> int | None:
     """SIGKILL to every process of a tree at once, for a tree whose state no longer matters (a
     captured source): no drain, no grace. Waits up to `timeout` for the PIDs to be free (a
     killed CUDA process may take a while to release the device), reaping what is ours. Returns
-    the root's exit code when we reaped it."""
+    the root's exit code when we reaped it. Members are killed leaves first and the root last:
+    a kill cut short (its orchestrator killed) leaves what is left of the tree under the root,
+    where a retry that knows only the root's PID finds it; killed root first, the rest would be
+    orphans nobody names."""
     deadline = time.monotonic() + timeout
     members = tree_pids(pid)
     if not members:
         return reap(pid)
-    for member in members:  # SIGKILL ends stopped tasks too
+    for member in reversed(members):  # tree_pids lists a parent before its children
         with contextlib.suppress(ProcessLookupError):
             os.kill(member, signal.SIGKILL)
     codes: dict[int, int | None] = {}

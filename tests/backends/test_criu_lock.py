@@ -6,8 +6,8 @@ GPU host). Real CRIU, real processes."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,6 +50,14 @@ def _remaps(manifest: DumpManifest) -> list[str]:
     return sorted(f.path for f in manifest.saved_files if "/link_remap." in f.path)
 
 
+OCCUPIED = range(1, 1024)
+"""The link ids a simulated restore holds: every id a small process's image can give its
+links. Which ids a dump uses depends on how many files its tree has open and mapped at that
+moment (the target's resource tracker may still be starting), so the first dump's ids alone
+need not be the second's; a file at each of these paths makes an unlocked dump of the target
+fail whatever its ids."""
+
+
 def test_a_dump_waits_while_a_restore_holds_its_link_remaps_back(
     criu: Criu, tmp_path: Path, cleanup: list[Path]
 ) -> None:
@@ -58,27 +66,39 @@ def test_a_dump_waits_while_a_restore_holds_its_link_remaps_back(
     assert links, "the target's semaphore gave no link_remap file"
     cleanup.extend(Path(p) for p in links)
 
-    # A restore of `first` in progress: the lock held, its saved links back at their paths.
+    # A restore in progress: the lock held, its saved links back at their paths, and a link at
+    # every other id such an image could have.
     held = filelock.FileLock(criu_module._CRIU_LOCK, is_singleton=False)
     held.acquire()
+    placed: list[Path] = []
     try:
         for path in links:
             put_back(tmp_path / "first", path)
+        for number in OCCUPIED:
+            path = Path(f"/dev/shm/link_remap.{number}")
+            with contextlib.suppress(FileExistsError):
+                path.open("x").close()
+                placed.append(path)
         outcome: list[object] = []
         second = threading.Thread(
             target=lambda: outcome.append(_try(_dump_mapper, criu, tmp_path, "second", cleanup))
         )
         second.start()
-        time.sleep(1.0)  # long enough for an unlocked dump to reach the link step and fail
-        for path in links:  # the restore consumed them, then lets go
+        wait_for_line(tmp_path / "second.log", r"ready ", timeout=60.0)
+        second.join(timeout=5.0)  # long enough for an unlocked dump to reach the link step
+        assert second.is_alive(), f"the second dump ended while the lock was held: {outcome}"
+        for path in [*links, *placed]:  # the restore consumed them, then lets go
             Path(path).unlink(missing_ok=True)
     finally:
+        for path in placed:
+            path.unlink(missing_ok=True)
         held.release()
     second.join(timeout=120)
     assert not second.is_alive()
     [result] = outcome
     assert isinstance(result, DumpManifest), f"the second dump failed: {result!r}"
-    assert _remaps(result) == links, "the two dumps did not share link ids: nothing was tested"
+    ids = {int(path.rsplit(".", 1)[1]) for path in _remaps(result)}
+    assert ids and ids <= set(OCCUPIED), f"the second dump's link ids {ids} were never occupied"
 
 
 def _try(function: Callable[..., object], *args: object) -> object:

@@ -91,3 +91,31 @@ def test_kill_tree_returns_the_roots_signal_and_leaves_no_pid(tmp_path: Path) ->
     assert not pid_exists(root) and not pid_exists(child)
     assert kill_tree(root) is None  # gone: nothing to kill, nothing to reap
     driver.processes.stop(root)  # forgets the launched tree
+
+
+class _Cut(Exception):
+    """The orchestrator killed part way through a kill (raised in its place)."""
+
+
+@pytest.mark.parametrize("make", [_n610, _n580], ids=["n610", "n580"])
+def test_a_retire_cut_short_after_one_kill_is_finished_by_its_retry(
+    make: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retried step knows the root's PID only: the first kill must not orphan the rest."""
+    import coldsnap.backends.procs as procs
+
+    driver = make()
+    root, child = _start(driver, tmp_path)
+    real_kill = procs.os.kill
+
+    def kill_once_then_die(pid: int, sig: int) -> None:
+        real_kill(pid, sig)
+        monkeypatch.setattr(procs.os, "kill", real_kill)
+        raise _Cut
+
+    monkeypatch.setattr(procs.os, "kill", kill_once_then_die)
+    with pytest.raises(_Cut):
+        driver.retire_source(_ctx(tmp_path, root))
+    driver.retire_source(_ctx(tmp_path, root))  # the step's retry on resume
+    assert not pid_exists(root), "the source's root still holds its PID"
+    assert not pid_exists(child), "the source's child was orphaned by the cut kill and left running"

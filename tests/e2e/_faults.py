@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -307,5 +308,7 @@ def check_clean(
 ) -> None:
     """Fails on any leftover."""
     found = _leftovers(zygote, workdir, facts, seen, files=files)
-    zygote.sweep()  # never leave anything to the next case
+    zygote.sweep()  # never leave anything to the next case: no process, no host dir
+    for where in _host_dirs(facts, seen):
+        shutil.rmtree(where, ignore_errors=True)
     assert not found, "; ".join(found.values())
