@@ -140,9 +140,17 @@ def running(
         return False
 
 
+ANOTHER_REAPER_S = 0.5
+"""How long `wait_gone` waits for another process to reap an ended process it is the parent of."""
+
+
 def wait_gone(pid: int, timeout: float = 10.0) -> int | None:
     """Waits until `pid` is free, reaping it when it is our child. Returns its exit code when
-    we reaped it. Raises PidStillHeld (a TimeoutError) naming what still holds it."""
+    we reaped it. A process that has ended but is another process's zombie is waited for at
+    most ANOTHER_REAPER_S more, then left: only that parent can free its PID, and it holds
+    nothing else (a stop from a new process, `coldsnap stop`, found the restored tree's root
+    a zombie of the long-running orchestrator that restored it, and waited out its whole
+    timeout for nothing). Raises PidStillHeld (a TimeoutError) naming what still holds it."""
     deadline = time.monotonic() + timeout
     code: int | None = None
     while True:
@@ -151,17 +159,39 @@ def wait_gone(pid: int, timeout: float = 10.0) -> int | None:
             code = got
         if not pid_exists(pid):
             return code
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if _ended_elsewhere(pid):
+            deadline = min(deadline, now + ANOTHER_REAPER_S)
+            if now >= deadline:
+                return code
+        if now >= deadline:
             raise PidStillHeld(pid, describe_pid(pid), timeout)
         time.sleep(0.01)
 
 
-def describe_pid(pid: int) -> str:
-    """Says what holds a PID: name, state and parent; a thread is named by its process."""
+def _status(pid: int) -> dict[str, str] | None:
+    """/proc/PID/status as fields, or None when nothing holds `pid`."""
     try:
         with open(f"/proc/{pid}/status") as f:
-            fields = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+            return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
     except OSError:
+        return None
+
+
+def _ended_elsewhere(pid: int) -> bool:
+    """Whether `pid` has ended and waits for a parent other than this process to reap it: a
+    zombie with no thread left (a killed process's leader is a zombie while its other threads
+    still exit and hold its memory, files and device)."""
+    fields = _status(pid)
+    if fields is None or not fields.get("State", "").startswith("Z"):
+        return False
+    return fields.get("Threads") == "1" and fields.get("PPid") != str(os.getpid())
+
+
+def describe_pid(pid: int) -> str:
+    """Says what holds a PID: name, state and parent; a thread is named by its process."""
+    fields = _status(pid)
+    if fields is None:
         return "nothing (it is free now)"
     name, state = fields.get("Name", "?"), fields.get("State", "?")
     tgid, ppid = int(fields.get("Tgid", pid)), fields.get("PPid", "?")
@@ -277,10 +307,8 @@ def kill_tree(pid: int, timeout: float = 20.0) -> int | None:
 def _signal_dropped(pid: int, sig: int) -> bool:
     """The kernel drops a signal sent from outside to a PID namespace's init unless the init
     catches it (SIGKILL excepted), so SIGTERM to a `sleep` running as init does nothing."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            fields = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
-    except OSError:
+    fields = _status(pid)
+    if fields is None:
         return False
     nspid = fields.get("NSpid", "").split()
     if sig == signal.SIGKILL or len(nspid) < 2 or nspid[-1] != "1":
