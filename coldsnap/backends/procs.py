@@ -150,7 +150,8 @@ def wait_gone(pid: int, timeout: float = 10.0) -> int | None:
     most ANOTHER_REAPER_S more, then left: only that parent can free its PID, and it holds
     nothing else (a stop from a new process, `coldsnap stop`, found the restored tree's root
     a zombie of the long-running orchestrator that restored it, and waited out its whole
-    timeout for nothing). Raises PidStillHeld (a TimeoutError) naming what still holds it."""
+    timeout for nothing). A restore that needs the PID waits for that reaping itself
+    (`check_pids_free`). Raises PidStillHeld (a TimeoutError) naming what still holds it."""
     deadline = time.monotonic() + timeout
     code: int | None = None
     while True:
@@ -202,13 +203,32 @@ def describe_pid(pid: int) -> str:
     return what
 
 
+REAPED_ELSEWHERE_S = 3.0
+"""How long `check_pids_free` waits for another process to reap a zombie that holds a PID: PID 1
+on these VMs reaps orphans lazily (measured: 1.3-2.0 s after they end)."""
+
+
 def check_pids_free(pids: Iterable[int]) -> None:
     """Raises PidCollision for the first PID in use, naming what holds it. A zombie child of
     ours is reaped first: an orchestrator is a subreaper, so a restored tree that another
-    process stopped (`coldsnap stop`) ends as its zombies, which would hold the image's PIDs."""
+    process stopped (`coldsnap stop`) ends as its zombies, which would hold the image's PIDs.
+    A zombie of another process is given REAPED_ELSEWHERE_S to be reaped there: a stop returns
+    once its engine has ended (`wait_gone`), and a restore of the same image right after it
+    may find its PIDs still held by zombies that PID 1 reaps a moment later."""
     for pid in sorted(set(pids)):
-        if pid_exists(pid) and reap(pid) is None:
+        if pid_exists(pid) and reap(pid) is None and not _reaped_elsewhere(pid):
             raise PidCollision(pid, describe_pid(pid))
+
+
+def _reaped_elsewhere(pid: int) -> bool:
+    """Whether `pid`, held by a process that has ended as another's zombie, is freed by that
+    parent within REAPED_ELSEWHERE_S (False at once for a live holder)."""
+    deadline = time.monotonic() + REAPED_ELSEWHERE_S
+    while _ended_elsewhere(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return not pid_exists(pid)
 
 
 def tree_pids(pid: int) -> list[int]:

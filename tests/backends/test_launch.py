@@ -20,6 +20,7 @@ from coldsnap.backends import (
     check_pids_free,
     gpu_mappings,
     launch,
+    procs,
     reap,
     refuse_gpu_mappings,
     wait_gone,
@@ -107,19 +108,64 @@ def test_pid_collision_names_the_holder():
     assert "new PID namespace" in str(info.value)
 
 
-def test_pid_collision_names_a_zombie_of_another_parent():
-    script = "import os, time\npid = os.fork()\nif pid == 0:\n    os._exit(0)\n"
-    script += "print(pid, flush=True)\ntime.sleep(60)\n"
-    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+# Forks a child that exits at once, prints its PID, and reaps it only once a line arrives.
+_REAPS_WHEN_TOLD = (
+    "import os, sys\npid = os.fork()\nif pid == 0:\n    os._exit(0)\n"
+    "print(pid, flush=True)\nsys.stdin.readline()\nos.waitpid(pid, 0)\nsys.stdin.read()\n"
+)
+
+
+def _neglectful_parent() -> tuple[subprocess.Popen[str], int]:
+    """A parent running _REAPS_WHEN_TOLD and its child, a zombie it has not reaped yet."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _REAPS_WHEN_TOLD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    wait_for_zombie(child)
+    return parent, child
+
+
+def test_pid_collision_names_a_zombie_of_another_parent(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(procs, "REAPED_ELSEWHERE_S", 0.2)  # its parent never reaps it here
+    parent, grandchild = _neglectful_parent()
     try:
-        assert parent.stdout is not None
-        grandchild = int(parent.stdout.readline())
-        wait_for_zombie(grandchild)
         with pytest.raises(PidCollision, match="zombie"):
             check_pids_free([grandchild])
     finally:
         parent.kill()
         parent.wait()
+
+
+def test_a_zombie_that_its_parent_reaps_a_moment_later_is_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """As PID 1 reaps a stopped engine's root here: within 2 s, after `coldsnap stop` ended."""
+    parent, grandchild = _neglectful_parent()
+    assert parent.stdin is not None
+    stdin = parent.stdin
+    seen = procs._ended_elsewhere
+    told: list[int] = []
+
+    def tell_the_parent_once_waiting(pid: int) -> bool:
+        ended = seen(pid)
+        if ended and not told:  # the check is waiting on the zombie: now let its parent reap
+            stdin.write("reap\n")
+            stdin.flush()
+            told.append(pid)
+        return ended
+
+    monkeypatch.setattr(procs, "_ended_elsewhere", tell_the_parent_once_waiting)
+    try:
+        check_pids_free([grandchild])  # no PidCollision: its parent freed it meanwhile
+        assert told == [grandchild], "the check never waited on the zombie: nothing was tested"
+        assert describe_pid(grandchild).startswith("nothing")
+    finally:
+        stdin.close()
+        parent.wait(10)
 
 
 def test_a_zombie_child_of_ours_is_reaped_and_its_pid_is_free():
