@@ -148,10 +148,11 @@ def wait_gone(pid: int, timeout: float = 10.0) -> int | None:
     """Waits until `pid` is free, reaping it when it is our child. Returns its exit code when
     we reaped it. A process that has ended but is another process's zombie is waited for at
     most ANOTHER_REAPER_S more, then left: only that parent can free its PID, and it holds
-    nothing else (a stop from a new process, `coldsnap stop`, found the restored tree's root
-    a zombie of the long-running orchestrator that restored it, and waited out its whole
-    timeout for nothing). A restore that needs the PID waits for that reaping itself
-    (`check_pids_free`). Raises PidStillHeld (a TimeoutError) naming what still holds it."""
+    nothing else. A stop run from another process than the one that restored an engine (`coldsnap
+    stop`) finds the engine's root such a zombie of that process, a subreaper that reaps only
+    when it next runs; waiting for it would only wait out the timeout. A restore that needs the
+    PID waits for that reaping itself (`check_pids_free`). Raises PidStillHeld (a TimeoutError)
+    naming what still holds it."""
     deadline = time.monotonic() + timeout
     code: int | None = None
     while True:
@@ -314,7 +315,8 @@ def kill_tree(pid: int, timeout: float = 20.0) -> int | None:
     members = tree_pids(pid)
     if not members:
         return reap(pid)
-    for member in reversed(members):  # tree_pids lists a parent before its children
+    # Leaves first (tree_pids lists a parent before its children); SIGKILL ends stopped tasks too.
+    for member in reversed(members):
         with contextlib.suppress(ProcessLookupError):
             os.kill(member, signal.SIGKILL)
     codes: dict[int, int | None] = {}
