@@ -17,7 +17,7 @@ from ._errors import (
 )
 from ._probe import gpu_host
 from ._records import DumpManifest, RestoredTree, SavedFile
-from .criu import Criu, CriuVersion
+from .criu import RESTORED_PIDFILE, Criu, CriuVersion
 from .cuda_checkpoint import CudaCheckpoint
 from .launch import Launched, launch
 from .procs import (
@@ -34,6 +34,7 @@ from .procs import (
 )
 
 __all__ = [
+    "RESTORED_PIDFILE",
     "BackendArgumentError",
     "BackendError",
     "Criu",

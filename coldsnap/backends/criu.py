@@ -55,6 +55,9 @@ RESTORE_LOG = "restore.log"
 # One CRIU dump or restore at a time on a host: both make or put back files at shared paths
 # (/dev/shm/link_remap.N) while CRIU runs.
 _CRIU_LOCK = Path(tempfile.gettempdir()) / "coldsnap-criu.lock"
+RESTORED_PIDFILE = "restored.pid"
+"""The pidfile a restore writes in its work dir when none is named: a caller that named the
+work dir finds the restored root there (a restore whose orchestrator died before journaling it)."""
 
 
 @frozen(order=True)
@@ -365,7 +368,7 @@ class Criu:
             procs.check_pids_free({t.pid for t in tasks} | {i for t in tasks for i in t.threads})
         self.require_version()
         work = _fresh_work_dir(images, work_dir)
-        pid_path = Path(pidfile) if pidfile is not None else work / "restored.pid"
+        pid_path = Path(pidfile) if pidfile is not None else work / RESTORED_PIDFILE
         redirected = read_stdio_paths(images) if output is not None else ()
 
         args = [

@@ -166,7 +166,7 @@ def wait_gone(pid: int, timeout: float = 10.0) -> int | None:
             deadline = min(deadline, now + ANOTHER_REAPER_S)
             if now >= deadline:
                 return code
-        if now >= deadline:
+        elif now >= deadline:
             raise PidStillHeld(pid, describe_pid(pid), timeout)
         time.sleep(0.01)
 
@@ -260,14 +260,8 @@ def host_pid(root: int, pid: int) -> int:
 
 def namespace_pid(pid: int) -> int | None:
     """`pid`'s PID in its own (innermost) PID namespace (NSpid's last), or None when gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return int(line.split()[-1])
-    except (OSError, ValueError):
-        return None
-    return None
+    nspid = (_status(pid) or {}).get("NSpid", "").split()
+    return int(nspid[-1]) if nspid else None
 
 
 def stop_tree(pid: int, timeout: float = 10.0, sig: int = signal.SIGTERM) -> int | None:

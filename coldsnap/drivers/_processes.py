@@ -19,7 +19,15 @@ from typing import Any
 import psutil
 
 from coldsnap._paths import HOST_RUN
-from coldsnap.backends import Criu, Launched, become_subreaper, launch, reap_children, stop_tree
+from coldsnap.backends import (
+    RESTORED_PIDFILE,
+    Criu,
+    Launched,
+    become_subreaper,
+    launch,
+    reap_children,
+    stop_tree,
+)
 from coldsnap.backends.procs import pid_exists, running, start_stamp, tree_pids
 from coldsnap.machine import LaunchCommand, LifecycleRequest, StepContext
 
@@ -148,7 +156,7 @@ def restored_root(workdir: Path, belongs: Belongs) -> int | None:
     check. CRIU writes the pidfile only once the tree is restored, and a restore outlives the
     orchestrator that was killed while it ran: so a restore still running for this operation
     is waited for first (at most RESTORE_WAIT_S), or its tree would be missed and left running."""
-    pidfile = workdir / RESTORE_WORK / "restored.pid"
+    pidfile = workdir / RESTORE_WORK / RESTORED_PIDFILE
     psutil.wait_procs(_restores_writing(pidfile), timeout=RESTORE_WAIT_S)
     try:
         pid = int(pidfile.read_text().strip())

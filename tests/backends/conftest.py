@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -115,3 +116,34 @@ def launched(tmp_path: Path) -> Iterator[Callable[..., Launched]]:
     yield start
     for proc in started:
         proc.stop(timeout=5.0)
+
+
+def wait_for_zombie(pid: int) -> None:
+    for _ in range(1000):
+        if Path(f"/proc/{pid}/status").read_text().split("State:\t", 1)[1].startswith("Z"):
+            return
+        os.sched_yield()
+        subprocess.run(["true"])
+    raise AssertionError(f"{pid} never became a zombie")
+
+
+# Forks a child that exits at once, prints its PID, and reaps it only once a line arrives (or
+# its stdin closes).
+_REAPS_WHEN_TOLD = (
+    "import os, sys\npid = os.fork()\nif pid == 0:\n    os._exit(0)\n"
+    "print(pid, flush=True)\nsys.stdin.readline()\nos.waitpid(pid, 0)\nsys.stdin.read()\n"
+)
+
+
+def neglectful_parent() -> tuple[subprocess.Popen[str], int]:
+    """A parent running _REAPS_WHEN_TOLD and its child, a zombie it has not reaped yet."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _REAPS_WHEN_TOLD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    wait_for_zombie(child)
+    return parent, child

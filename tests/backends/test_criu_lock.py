@@ -87,7 +87,7 @@ def test_a_dump_waits_while_a_restore_holds_its_link_remaps_back(
         wait_for_line(tmp_path / "second.log", r"ready ", timeout=60.0)
         second.join(timeout=5.0)  # long enough for an unlocked dump to reach the link step
         assert second.is_alive(), f"the second dump ended while the lock was held: {outcome}"
-        for path in [*links, *placed]:  # the restore consumed them, then lets go
+        for path in links:  # the restore consumed them, then lets go
             Path(path).unlink(missing_ok=True)
     finally:
         for path in placed:

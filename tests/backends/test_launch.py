@@ -27,7 +27,7 @@ from coldsnap.backends import (
 )
 from coldsnap.backends.procs import describe_pid, is_subreaper
 
-from .conftest import target, wait_for_line
+from .conftest import neglectful_parent, target, wait_for_line, wait_for_zombie
 
 O_APPEND = 0o2000
 SLEEPER = "import time; print('ready', flush=True); time.sleep(30)"
@@ -108,30 +108,9 @@ def test_pid_collision_names_the_holder():
     assert "new PID namespace" in str(info.value)
 
 
-# Forks a child that exits at once, prints its PID, and reaps it only once a line arrives.
-_REAPS_WHEN_TOLD = (
-    "import os, sys\npid = os.fork()\nif pid == 0:\n    os._exit(0)\n"
-    "print(pid, flush=True)\nsys.stdin.readline()\nos.waitpid(pid, 0)\nsys.stdin.read()\n"
-)
-
-
-def _neglectful_parent() -> tuple[subprocess.Popen[str], int]:
-    """A parent running _REAPS_WHEN_TOLD and its child, a zombie it has not reaped yet."""
-    parent = subprocess.Popen(
-        [sys.executable, "-c", _REAPS_WHEN_TOLD],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert parent.stdout is not None
-    child = int(parent.stdout.readline())
-    wait_for_zombie(child)
-    return parent, child
-
-
 def test_pid_collision_names_a_zombie_of_another_parent(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(procs, "REAPED_ELSEWHERE_S", 0.2)  # its parent never reaps it here
-    parent, grandchild = _neglectful_parent()
+    parent, grandchild = neglectful_parent()
     try:
         with pytest.raises(PidCollision, match="zombie"):
             check_pids_free([grandchild])
@@ -144,7 +123,7 @@ def test_a_zombie_that_its_parent_reaps_a_moment_later_is_waited_for(
     monkeypatch: pytest.MonkeyPatch,
 ):
     """As PID 1 reaps a stopped engine's root here: within 2 s, after `coldsnap stop` ended."""
-    parent, grandchild = _neglectful_parent()
+    parent, grandchild = neglectful_parent()
     assert parent.stdin is not None
     stdin = parent.stdin
     seen = procs._ended_elsewhere
@@ -176,15 +155,6 @@ def test_a_zombie_child_of_ours_is_reaped_and_its_pid_is_free():
     check_pids_free([child.pid])
     assert describe_pid(child.pid).startswith("nothing")
     child.wait()  # Popen copes with a child reaped under it
-
-
-def wait_for_zombie(pid: int) -> None:
-    for _ in range(1000):
-        if _status(pid)["State"].startswith("Z"):
-            return
-        os.sched_yield()
-        subprocess.run(["true"])
-    raise AssertionError(f"{pid} never became a zombie")
 
 
 @pytest.fixture

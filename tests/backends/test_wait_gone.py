@@ -1,42 +1,20 @@
 """`wait_gone` and a process that ended as another process's child: only that parent can free
-its PID, so waiting longer frees nothing. `coldsnap stop`, run from a new process, found the
-restored engine's root a zombie of the long-running process that restored it and waited its
-whole 20 s timeout on every stop."""
+its PID, so waiting longer frees nothing. `coldsnap stop`, run from another process than the
+one that restored the engine, finds the engine's root such a zombie."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
 from coldsnap.backends import PidStillHeld, wait_gone
 from coldsnap.backends.procs import pid_exists
 
-# Forks a child that exits at once, never reaps it, prints its PID, then waits for stdin.
-_NEGLECTFUL_PARENT = textwrap.dedent(
-    """
-    import os, sys
-    child = os.fork()
-    if child == 0:
-        os._exit(3)
-    print(child, flush=True)
-    sys.stdin.read()
-    """
-)
+from .conftest import neglectful_parent
 
 
 def test_a_zombie_of_another_parent_is_left_to_it_and_a_live_process_is_not() -> None:
-    parent = subprocess.Popen(
-        [sys.executable, "-c", _NEGLECTFUL_PARENT],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    parent, zombie = neglectful_parent()
     try:
-        assert parent.stdout is not None
-        zombie = int(parent.stdout.readline())
         # Ended, not ours to reap: returned without its code, the PID still its parent's.
         assert wait_gone(zombie, timeout=20.0) is None
         assert pid_exists(zombie), "the zombie's PID was freed: nothing was tested"

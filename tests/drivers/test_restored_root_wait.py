@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 
+from coldsnap.backends import RESTORED_PIDFILE
 from coldsnap.drivers._processes import RESTORE_WORK, restored_root
 
 # Stands in for `criu restore ... --pidfile PIDFILE`: after a while it starts the "restored"
@@ -29,7 +30,7 @@ _FAKE_CRIU = textwrap.dedent(
 def test_a_restore_still_running_is_waited_for_and_its_root_found(tmp_path: Path) -> None:
     work = tmp_path / RESTORE_WORK
     work.mkdir()
-    pidfile = (work / "restored.pid").resolve()
+    pidfile = (work / RESTORED_PIDFILE).resolve()
     fake = subprocess.Popen(
         [sys.executable, "-c", _FAKE_CRIU, "restore", "--pidfile", str(pidfile)]
     )

@@ -188,13 +188,14 @@ def test_an_engine_whose_pid_was_never_journaled_is_found_by_its_runtime_dir(
 def test_a_restored_root_is_found_by_criu_pidfile_only_while_it_is_the_capsules(
     tmp_path: Path,
 ) -> None:
+    from coldsnap.backends import RESTORED_PIDFILE
     from coldsnap.drivers._processes import RESTORE_WORK, RUNTIME_ENV, env_is, restored_root
 
     (tmp_path / RESTORE_WORK).mkdir()
     env = {**os.environ, RUNTIME_ENV: "/run/coldsnap/engines/capsule"}
     proc = subprocess.Popen(["sleep", "60"], env=env)
     try:
-        (tmp_path / RESTORE_WORK / "restored.pid").write_text(f"{proc.pid}\n")
+        (tmp_path / RESTORE_WORK / RESTORED_PIDFILE).write_text(f"{proc.pid}\n")
         assert restored_root(tmp_path, env_is(RUNTIME_ENV, "/run/coldsnap/engines/capsule")) == (
             proc.pid
         )
