@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from coldsnap._atomic import write_json_atomic
 from coldsnap.drivers.n580._template import RELEASE, STATUS
 from coldsnap.engines.sglang import SGLangLauncher
 from coldsnap.machine import WeightSource
@@ -74,7 +75,8 @@ def test_the_forkserver_imports_beside_the_templates_own_imports(tmp_path: Path)
         status = _wait_state(control, "waiting", proc)
         assert status["forkserver_address"]
         assert int(handshake.read_text()) not in (proc.pid, 0)  # imported in another process
-        (control / RELEASE).write_text(json.dumps({"module": "done", "args": [], "env": {}}))
+        # atomically, as the driver does: the template reads the file as soon as it exists
+        write_json_atomic(control / RELEASE, {"module": "done", "args": [], "env": {}})
         _wait_state(control, "released", proc)
         assert proc.wait(timeout=60) == 0
     finally:
