@@ -2,11 +2,16 @@
 
 One module, one server at a time, each stopped before the next starts:
 - a plain cold server (no plugin) answers a fixed prompt set greedily: the reference;
-- for n610 and n580 x native and recovery: capture, then restore the one capsule twice (the
-  second after the first is stopped); every restore answers like the cold server, token for
-  token, and leaves no process behind. The n610 native capsule is the session's command-line
-  capture of the same model (conftest's `cli_capsule`, whose workdir is gone already), restored
-  from a copy of its store: one server start fewer;
+- for n610 native and n580 native and recovery: capture, then restore the one capsule twice
+  (the second after the first is stopped); every restore answers like the cold server, token
+  for token, and leaves no process behind. The n610 native capsule is the session's
+  command-line capture of the same model (conftest's `cli_capsule`, whose workdir is gone
+  already), restored from a copy of its store: one server start fewer. n610 recovery is left
+  out to keep `make test` in its time: its restore is the same restored tree with the weights
+  reloaded from the checkpoint, which test_sglang_residual.py restores and compares with a
+  cold start token for token (and test_sglang_tp2.py at tp=2); what this module adds for every
+  pair (a moved store, two restores that must not share a sampling stream) is the image's and
+  the driver's, not the provider's;
 - the capsule is self-contained: before the second restore the whole store is moved to another
   directory and the capture's workdir deleted. What the image could still need from that
   workdir is its engine's log (the tree's stdout and stderr at dump): the drivers re-point it at
@@ -60,7 +65,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.xdist_group("host"),
 ]
-VARIANTS = [(d, p) for d in ("n610", "n580") for p in ("native", "recovery")]
+VARIANTS = [("n610", "native"), ("n580", "native"), ("n580", "recovery")]
 
 
 @pytest.fixture(scope="module")

@@ -39,6 +39,7 @@ from .conftest import (
     leftovers,
     model_ref,
     restore_request,
+    stop_at_once,
     watch,
     why,
 )
@@ -190,8 +191,8 @@ def test_recovery_restores_answer_like_a_cold_start(
         try:
             got = _answers(restored.facts["engine_url"])
             record = _scheduler(restored.facts["runtime_dir"])
-        finally:
-            machine.stop(restored)
+        finally:  # its graceful stop is n610's, checked on the native capsules
+            stop_at_once(machine, restored)
         assert got == cold["answers"]
         # Released at capture, reloaded from the checkpoint, the residual put back. The disk
         # backing writes what each release releases: the capture releases twice (its release,

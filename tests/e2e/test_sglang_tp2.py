@@ -39,6 +39,7 @@ from .conftest import (
     leftovers,
     model_ref,
     restore_request,
+    stop_at_once,
     watch,
     why,
 )
@@ -116,8 +117,11 @@ def variant(request: pytest.FixtureRequest, root: Path, tiny: Path) -> Variant:
         dirs, pids = dirs | more_dirs, pids | more_pids
         try:
             got = flushed_answers(restored.facts["engine_url"])
-        finally:
-            machine.stop(restored)
+        finally:  # n610 native's stop is the graceful one; recovery's is the same restored tree
+            if name == "n610-recovery":
+                stop_at_once(machine, restored)
+            else:
+                machine.stop(restored)
         killed, killed_left = None, []
         if name == "n610-native":
             killed, killed_left = _restore_killing_a_rank(base, model, name, receipt.facts)
