@@ -289,7 +289,8 @@ def _steps(root: Path) -> None:
             f"[4/4] restore to first answer: {answer.seconds:.2f} s, equal to the cold "
             f"start's token for token\n      steps (s): {steps}"
         )
-    finally:
+    finally:  # the tree at once, then the product's stop: nothing to drain (PlainServer.stop)
+        procs.kill_tree(int(receipt.facts["engine_pid"]))
         machine.stop(receipt)
 
     click.echo("")

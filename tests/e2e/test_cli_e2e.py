@@ -138,6 +138,7 @@ def test_capture_your_own_server_restore_it_on_your_port_then_stop_and_gc(
         # What `coldsnap stop` ended are zombies of this process until reaped, holding the
         # image's PIDs (conftest's CliCapsule.own_store says why).
         from coldsnap.backends import reap_children
+        from coldsnap.backends.procs import kill_tree
 
         reap_children()
         again = run_cli("restore", "tiny", "--store", store, "--json", marker=marker, env=serving)
@@ -150,6 +151,9 @@ def test_capture_your_own_server_restore_it_on_your_port_then_stop_and_gc(
         assert events[-1]["event"] == "finished" and events[-1]["status"] == "done"
         assert events[-1]["result"]["url"] == f"http://127.0.0.1:{user_port}"
         assert answers(events[-1]["result"]["url"]) == expected
+        # This one's tree is killed first (the graceful stop is checked above): the stop then
+        # ends an engine that is gone, without SGLang's drain.
+        kill_tree(events[-1]["result"]["pid"])
         assert run_cli("stop", "tiny", marker=marker, env=serving).returncode == 0
         assert not marked_pids(marker), "stop left engine processes running"
 

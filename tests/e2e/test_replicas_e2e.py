@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from coldsnap.backends.procs import kill_tree
 from tests._support import free_port
 
 from .conftest import MARKER, PRISTINE_ENV, CliCapsule, answers, marked_pids
@@ -128,6 +129,9 @@ def test_one_capsule_serves_three_times_at_once_and_each_stops_alone(
         ended = _cli("stop", "tiny", marker=marker, serving=serving)  # the plain restore
         assert ended.returncode == 0, ended.stdout[-2000:] + ended.stderr[-2000:]
         assert answers(urls[2]) == tiny_cold, "tiny-3 stopped serving with tiny"
+        # The last one's tree is killed first: its stop then ends a replica that is gone (what
+        # is left of it: forwarder, runtime dir, serving record) without SGLang's drain.
+        kill_tree(results[2]["pid"])
         ended = _cli("stop", "tiny-3", marker=marker, serving=serving)
         assert ended.returncode == 0, ended.stdout[-2000:] + ended.stderr[-2000:]
         assert not marked_pids(marker), "a stop left engine processes running"
