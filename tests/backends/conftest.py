@@ -118,9 +118,15 @@ def launched(tmp_path: Path) -> Iterator[Callable[..., Launched]]:
         proc.stop(timeout=5.0)
 
 
+def proc_status(pid: int) -> dict[str, str]:
+    """/proc/PID/status as fields."""
+    text = Path(f"/proc/{pid}/status").read_text()
+    return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+
+
 def wait_for_zombie(pid: int) -> None:
     for _ in range(1000):
-        if Path(f"/proc/{pid}/status").read_text().split("State:\t", 1)[1].startswith("Z"):
+        if proc_status(pid)["State"].startswith("Z"):
             return
         os.sched_yield()
         subprocess.run(["true"])

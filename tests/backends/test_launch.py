@@ -27,15 +27,10 @@ from coldsnap.backends import (
 )
 from coldsnap.backends.procs import describe_pid, is_subreaper
 
-from .conftest import neglectful_parent, target, wait_for_line, wait_for_zombie
+from .conftest import neglectful_parent, proc_status, target, wait_for_line, wait_for_zombie
 
 O_APPEND = 0o2000
 SLEEPER = "import time; print('ready', flush=True); time.sleep(30)"
-
-
-def _status(pid: int) -> dict[str, str]:
-    text = Path(f"/proc/{pid}/status").read_text()
-    return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
 
 
 def test_target_has_its_own_session_devnull_stdin_and_append_log(launched, tmp_path: Path):
@@ -59,7 +54,7 @@ def test_target_has_its_own_session_devnull_stdin_and_append_log(launched, tmp_p
     assert int(flags, 8) & O_APPEND
     assert sorted(os.listdir(f"/proc/{proc.pid}/fd"), key=int) == ["0", "1", "2"]
     assert log.read_text() == "earlier line\nready\n"  # appended to, never truncated
-    assert _status(proc.pid)["Seccomp"].strip() == "2"
+    assert proc_status(proc.pid)["Seccomp"].strip() == "2"
 
 
 def test_output_goes_to_the_log(launched):
@@ -70,11 +65,11 @@ def test_output_goes_to_the_log(launched):
 
 def test_new_pid_namespace(launched):
     proc = launched(["sleep", "30"], new_pid_namespace=True)
-    nspid = _status(proc.pid)["NSpid"].split()
+    nspid = proc_status(proc.pid)["NSpid"].split()
     assert nspid == [str(proc.pid), "1"]  # the target is its namespace's init
     assert proc.launcher.pid != proc.pid  # our child is `unshare`
     assert os.getsid(proc.pid) == proc.pid
-    assert _status(proc.pid)["Seccomp"].strip() == "2"
+    assert proc_status(proc.pid)["Seccomp"].strip() == "2"
     proc.stop(timeout=5)
     assert not Path(f"/proc/{proc.pid}").exists()
 
@@ -94,7 +89,7 @@ def test_subreaper_adopts_and_reaps_orphans():
         check=True,
     )
     orphan = int(out.stdout)
-    assert int(_status(orphan)["PPid"]) == os.getpid()
+    assert int(proc_status(orphan)["PPid"]) == os.getpid()
     assert wait_gone(orphan, timeout=10) == 0
     assert reap(orphan) is None
 

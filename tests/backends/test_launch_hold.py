@@ -14,7 +14,7 @@ from pathlib import Path
 
 from coldsnap.backends.procs import tree_pids
 
-from .conftest import wait_for_line
+from .conftest import proc_status, wait_for_line
 
 # Notes a SIGTERM in the log and exits with 3; prints its own PID once the handler is set.
 _TERM_3 = (
@@ -28,11 +28,6 @@ _TERM_3 = (
 )
 
 
-def _status(pid: int) -> dict[str, str]:
-    text = Path(f"/proc/{pid}/status").read_text()
-    return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
-
-
 def test_the_root_holds_the_program_as_its_only_child(launched):
     proc = launched([sys.executable, "-c", _TERM_3], hold=True)
     program = int(wait_for_line(proc.log_path, r"^ready (\d+)")[1])
@@ -41,10 +36,10 @@ def test_the_root_holds_the_program_as_its_only_child(launched):
     assert b"_launch_child" not in Path(f"/proc/{program}/cmdline").read_bytes()
     for pid in (proc.pid, program):  # both in the target's session, filtered, no strays
         assert os.getsid(pid) == proc.pid
-        assert _status(pid)["Seccomp"].strip() == "2"
+        assert proc_status(pid)["Seccomp"].strip() == "2"
         assert sorted(os.listdir(f"/proc/{pid}/fd"), key=int) == ["0", "1", "2"]
     # Small: what a restore reads for the root before the tree resumes.
-    assert int(_status(proc.pid)["RssAnon"].split()[0]) < 32 * 1024
+    assert int(proc_status(proc.pid)["RssAnon"].split()[0]) < 32 * 1024
 
 
 def test_a_stop_reaches_the_program_and_the_launcher_ends_as_it_did(launched):
@@ -78,9 +73,9 @@ def test_an_exit_code_is_passed_on(launched, tmp_path: Path):
 def test_in_a_pid_namespace_the_holder_is_its_init(launched):
     proc = launched([sys.executable, "-c", _TERM_3], hold=True, new_pid_namespace=True)
     wait_for_line(proc.log_path, r"^ready")
-    assert _status(proc.pid)["NSpid"].split() == [str(proc.pid), "1"]
+    assert proc_status(proc.pid)["NSpid"].split() == [str(proc.pid), "1"]
     members = tree_pids(proc.pid)
-    assert len(members) == 2 and _status(members[1])["NSpid"].split()[1] == "2"
+    assert len(members) == 2 and proc_status(members[1])["NSpid"].split()[1] == "2"
     proc.stop(timeout=10)  # the init forwards the stop: it has a handler, so it gets it
     assert "term" in proc.log_path.read_text()
     assert not Path(f"/proc/{proc.pid}").exists()
