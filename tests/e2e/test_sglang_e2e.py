@@ -161,8 +161,9 @@ def variant(request: pytest.FixtureRequest, root: Path, tiny: Path) -> Variant:
                     not_portable += _needs_from(Path(restored.facts["image_dir"]), workdir)
                     if not (Path(restore.workdir) / "engine.log").stat().st_size:
                         not_portable.append("the restored engine writes nothing to its log")
-            finally:  # the first restore's stop is the graceful one (n580's once: native's);
-                # the second's is not checked
+            # The first restore's stop is the graceful one, except n580 recovery's (n580's
+            # graceful stop is checked on its native capsule); the second's is not checked.
+            finally:
                 if attempt == 1 or name == "n580-recovery":
                     stop_at_once(machine, restored)
                 else:
